@@ -1,0 +1,63 @@
+"""Compile every kernel of generated ops ahead of time for real GPU targets, without a GPU.
+
+For each target arch the op is called on CPU stand-in inputs with that arch's plans forced
+(chunk and fused recurrent, forward and backward, with and without cu_seqlens), every kernel
+launch is captured instead of run, and each captured specialization is compiled with
+``triton.compile`` for the target (``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all
+from fla_gen.canonical import Recurrence
+from fla_gen.runtime.dispatch import forced_arch
+from fla_gen.sample import sample_inputs
+
+ARCH_OF_CAP = {80: "sm80", 86: "sm86", 89: "sm89", 90: "sm90", 100: "sm100"}
+
+
+@dataclass(frozen=True)
+class MatrixEntry:
+    """One compiled kernel specialization for one target, and what is wrong with it (if anything)."""
+
+    op: str
+    variant: str
+    report: CompiledKernelReport
+    problems: tuple[str, ...]
+
+
+def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, K: int, V: int) -> None:
+    op = rec.spec.op
+    B, T, H = (1, 192, 2) if varlen else (2, 128, 2)
+    x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
+    N = 3 if varlen else B
+    h0 = torch.zeros(N, H, K, V, requires_grad=True)
+    leaves = [*x.values(), h0]
+    for t in leaves:
+        t.requires_grad_(True)
+    cu = torch.tensor([0, 64, 100, 192], dtype=torch.int32) if varlen else None
+    o, ht = getattr(pkg, f"{mode}_{op}")(*[x[i.name] for i in rec.spec.inputs], initial_state=h0,
+                                         output_final_state=True, cu_seqlens=cu)
+    torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
+
+
+def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtype = torch.bfloat16,
+                      head_dim: int = 128, varlen_caps=(89, 90), jobs: int = 2) -> list[MatrixEntry]:
+    """Compile all kernels of ``generated.<op>`` for each cap, each with that arch's plan."""
+    pkg = importlib.import_module(f"generated.{rec.spec.op}")
+    entries = []
+    for cap in caps:
+        for varlen in (False, True) if cap in varlen_caps else (False,):
+            with forced_arch(ARCH_OF_CAP[cap]):
+                launches = capture_launches(lambda v=varlen: [
+                    _call_op(pkg, rec, mode, dtype, v, head_dim, head_dim) for mode in ("chunk", "fused_recurrent")
+                ])
+            variant = "varlen" if varlen else "dense"
+            for report in compile_all(launches, [cap], jobs=jobs):
+                entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
+    return entries

@@ -1,0 +1,420 @@
+"""Stage 3: typed IR → Recurrence, the DPLR normal form, by symbolic expansion.
+
+Every supported update is an instance of
+
+    S_t = (diag(α_t) + u_t w_tᵀ) S_{t-1} + x_t y_tᵀ,        o_t = c · S_tᵀ q_t
+
+with α_t = exp(log gate) (1 when there is no gate). The declared update statements are
+expanded into a sum of terms, each a product of left factors (a scalar, a diagonal, or a
+rank-1 matrix u wᵀ) applied to the previous state or to a write ``outer(x, y)``; the terms
+are then sorted into the transition's diagonal part, its low-rank part and the write.
+The algorithm family follows from that structure alone (never from the op's name):
+no low-rank term → ``gated``; u and w multiples of one key input → ``delta``; else ``dplr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.errors import Pos, SpecErrorFactory
+from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref, Ty, widest
+
+# ----------------------------------------------------------------------------- normal form
+
+
+@dataclass(frozen=True)
+class GateTerm:
+    """One input inside the log gate: ``kind`` is ``scalar`` (per token, [B, T, H]),
+    ``channel`` (per token and key channel, [B, T, H, K]) or ``head`` (a per-head constant, [H])."""
+
+    input: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class ScaledVector:
+    """``coef · input``: a key or value input vector times a product of scalars (empty: 1)."""
+
+    coef: tuple[Node, ...]
+    input: str | None  # None when the vector is not a plain input times scalars
+    expr: Node
+
+
+@dataclass(frozen=True)
+class LowRank:
+    """The transition's rank-1 part u wᵀ."""
+
+    u: ScaledVector
+    w: ScaledVector
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """A spec proven to be in the normal form, with its algorithm family.
+
+    ``decay``: the terms of the log gate, α = exp(Σ terms) (empty: α = 1);
+    ``decay_kind``: ``none``, ``scalar`` or ``channel``; ``low_rank``: None or u wᵀ;
+    ``write``: x yᵀ; ``query``: the key-dim input q of o = coef · Sᵀ q; ``out_coef``: the
+    scalar factors of the output (params and numbers).
+    """
+
+    spec: CheckedSpec
+    family: str
+    decay: tuple[GateTerm, ...]
+    decay_kind: str
+    low_rank: LowRank | None
+    write: tuple[ScaledVector, ScaledVector]
+    query: ScaledVector
+
+    @property
+    def token_gate(self) -> GateTerm | None:
+        return next((t for t in self.decay if t.kind != "head"), None)
+
+    @property
+    def head_gate(self) -> GateTerm | None:
+        return next((t for t in self.decay if t.kind == "head"), None)
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+@dataclass(frozen=True)
+class _Factor:
+    kind: str  # "scal" | "diag" | "rank1"
+    a: Node
+    b: Node | None = None  # w of a rank-1 factor u wᵀ
+
+
+@dataclass(frozen=True)
+class _MatTerm:
+    """factors[0] @ factors[1] @ ... @ tail; tail is the previous state (None) or outer(x, y)."""
+
+    factors: tuple[_Factor, ...]
+    tail: tuple[Node, Node] | None
+
+
+@dataclass(frozen=True)
+class _VecSum:
+    """A value-dim vector Σ const + Σ S_prevᵀ w (for each w in reads)."""
+
+    const: tuple[Node, ...]
+    reads: tuple[Node, ...]
+
+
+_SCALAR = Ty((), "const")
+
+
+def _lit(value: float, pos: Pos) -> Lit:
+    return Lit(value, _SCALAR, pos)
+
+
+def _mul(a: Node, b: Node, pos: Pos) -> Node:
+    dims = b.ty.dims if not a.ty.dims else a.ty.dims
+    return Apply("mul", (a, b), Ty(dims, widest(a.ty.varies, b.ty.varies)), pos)
+
+
+def _dot(a: Node, b: Node, pos: Pos) -> Node:
+    return Apply("matmul", (a, b), Ty((), widest(a.ty.varies, b.ty.varies)), pos)
+
+
+def _neg(a: Node, pos: Pos) -> Node:
+    return Apply("neg", (a,), a.ty, pos)
+
+
+class _Expander:
+    def __init__(self, spec: CheckedSpec) -> None:
+        self.spec = spec
+        self.err = SpecErrorFactory(spec.path, spec.source)
+        identity = (_MatTerm((), None),)
+        self.state: tuple[_MatTerm, ...] = identity
+
+    def has_state(self, n: Node) -> bool:
+        return n.ty.varies == "state"
+
+    # Matrix-valued expressions (the state's shape) as sums of terms.
+    def mat(self, n: Node) -> tuple[_MatTerm, ...]:
+        if isinstance(n, Ref) and n.role == "state":
+            return self.state
+        if not self.has_state(n):
+            return self.free_matrix(n)
+        assert isinstance(n, Apply)
+        fn, args = n.fn, n.args
+        if fn in ("add", "sub"):
+            right = self.mat(args[1])
+            if fn == "sub":
+                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+            return self.mat(args[0]) + right
+        if fn == "neg":
+            return self.scale(self.mat(args[0]), _Factor("scal", _lit(-1.0, n.pos)))
+        if fn == "mul":
+            coef, m = args
+            if coef.ty.dims == ():
+                return self.scale(self.mat(m), _Factor("scal", coef))
+            if coef.ty.dims[0] != self.spec.key_dim:
+                raise self.err(n.pos, f"'*' scales the state's {coef.ty.dims[0]} columns; a transition scales "
+                                      f"its rows: use a [{self.spec.key_dim}] vector (diag(x) @ S)")
+            return self.scale(self.mat(m), _Factor("diag", coef))
+        if fn == "div":
+            inv = Apply("div", (_lit(1.0, n.pos), args[1]), args[1].ty, n.pos)
+            return self.scale(self.mat(args[0]), _Factor("scal", inv))
+        if fn == "matmul":
+            left, right = args
+            if self.has_state(left):
+                raise self.err(n.pos, "the state must be multiplied from the left (A @ S), by a matrix that "
+                                      "does not depend on the state; the update must be linear in S")
+            out: tuple[_MatTerm, ...] = ()
+            for factors in self.left_operator(left):
+                terms = self.mat(right)
+                for f in reversed(factors):
+                    terms = self.scale(terms, f)
+                out += terms
+            return out
+        if fn == "outer":
+            x, y = args
+            if self.has_state(x):
+                raise self.err(x.pos, "the first argument of outer() depends on the state; the update must "
+                                      "be linear in S, with the state read as S^T @ w")
+            vec = self.vec(y)
+            terms = tuple(_MatTerm((), (x, c)) for c in vec.const)
+            return terms + tuple(_MatTerm((_Factor("rank1", x, w),), None) for w in vec.reads)
+        if fn == "transpose":
+            raise self.err(n.pos, "a transposed state cannot be updated; the update is A @ S + outer(x, y)")
+        raise self.err(n.pos, f"'{fn}' of the state is not linear in S")
+
+    def free_matrix(self, n: Node) -> tuple[_MatTerm, ...]:
+        if isinstance(n, Apply) and n.fn == "outer":
+            return (_MatTerm((), (n.args[0], n.args[1])),)
+        if isinstance(n, Apply) and n.fn in ("add", "sub"):
+            right = self.free_matrix(n.args[1])
+            if n.fn == "sub":
+                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+            return self.free_matrix(n.args[0]) + right
+        if isinstance(n, Apply) and n.fn == "mul":
+            coef, m = n.args
+            kind = "scal" if not coef.ty.dims else "diag"
+            return self.scale(self.free_matrix(m), _Factor(kind, coef))
+        raise self.err(n.pos, "a matrix term that is neither outer(x, y) nor applied to the state")
+
+    def left_operator(self, n: Node) -> list[tuple[_Factor, ...]]:
+        """A state-free [K, K] matrix as a sum of factor products (diag, outer, their sums)."""
+        if isinstance(n, Apply):
+            if n.fn == "diag":
+                return [(_Factor("diag", n.args[0]),)]
+            if n.fn == "outer":
+                return [(_Factor("rank1", n.args[0], n.args[1]),)]
+            if n.fn in ("add", "sub"):
+                right = self.left_operator(n.args[1])
+                if n.fn == "sub":
+                    right = [(_Factor("scal", _lit(-1.0, n.pos)),) + f for f in right]
+                return self.left_operator(n.args[0]) + right
+            if n.fn == "mul" and not n.args[0].ty.dims:
+                return [(_Factor("scal", n.args[0]),) + f for f in self.left_operator(n.args[1])]
+            if n.fn == "matmul":
+                return [a + b for a in self.left_operator(n.args[0]) for b in self.left_operator(n.args[1])]
+        raise self.err(n.pos, "the matrix applied to the state must be built from diag(x), outer(u, w), "
+                              "scalars and sums of them")
+
+    @staticmethod
+    def scale(terms: tuple[_MatTerm, ...], f: _Factor) -> tuple[_MatTerm, ...]:
+        return tuple(_MatTerm((f,) + t.factors, t.tail) for t in terms)
+
+    # Value-dim vectors that may read the state as Sᵀ w.
+    def vec(self, n: Node) -> _VecSum:
+        if not self.has_state(n):
+            return _VecSum((n,), ())
+        assert isinstance(n, Apply)
+        if n.fn in ("add", "sub"):
+            a, b = self.vec(n.args[0]), self.vec(n.args[1])
+            if n.fn == "sub":
+                b = _VecSum(tuple(_neg(c, n.pos) for c in b.const), tuple(_neg(w, n.pos) for w in b.reads))
+            return _VecSum(a.const + b.const, a.reads + b.reads)
+        if n.fn == "neg":
+            a = self.vec(n.args[0])
+            return _VecSum(tuple(_neg(c, n.pos) for c in a.const), tuple(_neg(w, n.pos) for w in a.reads))
+        if n.fn == "mul" and not n.args[0].ty.dims and not self.has_state(n.args[0]):
+            s, a = n.args[0], self.vec(n.args[1])
+            return _VecSum(tuple(_mul(s, c, n.pos) for c in a.const), tuple(_mul(s, w, n.pos) for w in a.reads))
+        if n.fn == "matmul":
+            m, w = n.args
+            if len(m.ty.dims) == 2 and self.has_state(m):
+                terms = self.transposed(m)
+            elif len(m.ty.dims) == 1 and self.has_state(w):  # row vector @ S == Sᵀ @ vector
+                m, w = w, m
+                terms = self.mat(m)
+            else:
+                raise self.err(n.pos, f"the state is read as {self.spec.state_name}^T @ w (a [{self.spec.value_dim}] "
+                                      f"vector); this product is not of that form")
+            if self.has_state(w):
+                raise self.err(n.pos, "a product of the state with itself: the update must be linear in S")
+            return self.read(terms, w, n.pos)
+        raise self.err(n.pos, f"'{n.fn}' of a state read is not linear in S")
+
+    def transposed(self, m: Node) -> tuple[_MatTerm, ...]:
+        """Terms whose sum, transposed, is the [V, K] matrix ``m`` (e.g. ``scale * S^T``)."""
+        if isinstance(m, Apply):
+            if m.fn == "transpose":
+                return self.mat(m.args[0])
+            if m.fn == "mul" and not m.args[0].ty.dims:
+                return self.scale(self.transposed(m.args[1]), _Factor("scal", m.args[0]))
+            if m.fn == "neg":
+                return self.scale(self.transposed(m.args[0]), _Factor("scal", _lit(-1.0, m.pos)))
+        raise self.err(m.pos, f"the state is read as {self.spec.state_name}^T @ w; this matrix is not a "
+                              f"(scaled) transposed state")
+
+    def read(self, terms: tuple[_MatTerm, ...], w: Node, pos: Pos) -> _VecSum:
+        """(Σ terms)ᵀ w: transposed factors applied to w, right to left."""
+        const: tuple[Node, ...] = ()
+        reads: tuple[Node, ...] = ()
+        for t in terms:
+            wt = w
+            for f in t.factors:  # (F1 F2 ... T)ᵀ w = Tᵀ ... F2ᵀ F1ᵀ w: F1 acts first
+                if f.kind in ("scal", "diag"):
+                    wt = _mul(f.a, wt, pos)
+                else:  # (u bᵀ)ᵀ w = b (u·w)
+                    wt = _mul(_dot(f.a, wt, pos), f.b, pos)
+            if t.tail is None:
+                reads += (wt,)
+            else:
+                x, y = t.tail
+                const += (_mul(_dot(x, wt, pos), y, pos),)
+        return _VecSum(const, reads)
+
+
+# ----------------------------------------------------------------------------- sorting terms
+
+
+def _split_scaled(n: Node, coef: tuple[Node, ...] = ()) -> ScaledVector:
+    """Peel scalar factors off a vector expression: β * (2 * k) → coef (β, 2), input k."""
+    if isinstance(n, Ref) and n.role == "input":
+        return ScaledVector(coef, n.name, n)
+    if isinstance(n, Apply) and n.fn == "mul" and not n.args[0].ty.dims:
+        return _split_scaled(n.args[1], coef + (n.args[0],))
+    if isinstance(n, Apply) and n.fn == "neg":
+        return _split_scaled(n.args[0], coef + (_lit(-1.0, n.pos),))
+    return ScaledVector(coef, None, n)
+
+
+def _rebuild(sv: ScaledVector, pos: Pos) -> Node:
+    out = sv.expr if sv.input is None else sv.expr
+    for c in reversed(sv.coef):
+        out = _mul(c, out, pos)
+    return out
+
+
+class _Sorter:
+    def __init__(self, spec: CheckedSpec, pos: Pos) -> None:
+        self.spec = spec
+        self.err = SpecErrorFactory(spec.path, spec.source)
+        self.pos = pos
+
+    def log_gate(self, factor: _Factor) -> tuple[GateTerm, ...]:
+        """A diagonal factor must be exp(sum of gate inputs), or the number 1."""
+        n = factor.a
+        if isinstance(n, Lit) and n.value == 1.0:
+            return ()
+        if not (isinstance(n, Apply) and n.fn == "exp"):
+            raise self.err(n.pos, "the state's decay must be exp(g) of a log-space gate (decay = exp(g))",
+                           "write the gate in log space, e.g. 'exp(g) * S' with g = log(decay)")
+        return self.gate_terms(n.args[0])
+
+    def gate_terms(self, n: Node) -> tuple[GateTerm, ...]:
+        if isinstance(n, Apply) and n.fn == "add":
+            return self.gate_terms(n.args[0]) + self.gate_terms(n.args[1])
+        if isinstance(n, Ref) and n.role == "input":
+            info = self.spec.input(n.name)
+            if info.vec_dim not in (None, self.spec.key_dim):
+                raise self.err(n.pos, f"gate '{n.name}' runs over {info.vec_dim}; a gate is a scalar or runs over "
+                                      f"the key dim {self.spec.key_dim}")
+            if not info.per_token:
+                if info.vec_dim:
+                    raise self.err(n.pos, f"a per-head gate over channels ([H, {info.vec_dim}]) is not supported; "
+                                          "use [H] or [B, T, H, K]")
+                return (GateTerm(n.name, "head"),)
+            return (GateTerm(n.name, "channel" if info.vec_dim else "scalar"),)
+        raise self.err(n.pos, "the log gate must be a gate input or a sum of gate inputs (g + g_gamma)")
+
+    def decay(self, diag_terms: list[_MatTerm]) -> tuple[GateTerm, ...]:
+        if not diag_terms:
+            raise self.err(self.pos, "the update drops the previous state: no term carries S over",
+                           "e.g. 'update S = exp(g) * S + outer(k, v)'")
+        if len(diag_terms) > 1:
+            raise self.err(diag_terms[1].factors[0].a.pos if diag_terms[1].factors else self.pos,
+                           "the state is carried over by two diagonal terms; merge them into one decay exp(g) * S")
+        terms: tuple[GateTerm, ...] = ()
+        for f in diag_terms[0].factors:
+            terms += self.log_gate(f)
+        token = [t for t in terms if t.kind != "head"]
+        head = [t for t in terms if t.kind == "head"]
+        if len(token) > 1 or len(head) > 1:
+            raise self.err(self.pos, "at most one per-token gate and one per-head gate may decay the state")
+        return terms
+
+    def low_rank(self, terms: list[_MatTerm]) -> LowRank | None:
+        if not terms:
+            return None
+        if len(terms) > 1:
+            raise self.err(self.pos, f"the transition has {len(terms)} low-rank terms; one (rank 1) is supported")
+        (t,) = terms
+        ranks = [i for i, f in enumerate(t.factors) if f.kind == "rank1"]
+        if len(ranks) > 1:
+            raise self.err(self.pos, "a term applies two rank-1 factors to the state; one is supported")
+        i = ranks[0]
+        u, w = t.factors[i].a, t.factors[i].b
+        for f in reversed(t.factors[:i]):  # factors left of u wᵀ scale u
+            u = _mul(f.a, u, self.pos)
+        for f in t.factors[i + 1:]:  # factors right of it act on S first: (u wᵀ) F = u (Fᵀ w)ᵀ
+            w = _mul(f.a, w, self.pos)
+        return LowRank(_split_scaled(u), _split_scaled(w))
+
+    def write(self, terms: list[_MatTerm]) -> tuple[ScaledVector, ScaledVector]:
+        if not terms:
+            raise self.err(self.pos, "the update writes nothing into the state", "add a term such as outer(k, v)")
+        if len(terms) > 1:
+            raise self.err(self.pos, f"the update has {len(terms)} write terms outer(x, y); one is supported")
+        (t,) = terms
+        x, y = t.tail
+        for f in reversed(t.factors):
+            if f.kind == "rank1":
+                raise self.err(self.pos, "a rank-1 matrix applied to a write term is not supported")
+            x = _mul(f.a, x, self.pos)
+        return _split_scaled(x), _split_scaled(y)
+
+
+def canonicalize(spec: CheckedSpec) -> Recurrence:
+    """Prove that the spec's update has the normal form and pick its algorithm family.
+
+    Raises:
+        SpecError: naming the term that does not fit (not linear in S, two decays, ...).
+    """
+    ex = _Expander(spec)
+    for update in spec.updates:
+        ex.state = ex.mat(update)
+    first = spec.updates[0].pos
+    sorter = _Sorter(spec, first)
+    diag_terms = [t for t in ex.state if t.tail is None and all(f.kind != "rank1" for f in t.factors)]
+    rank_terms = [t for t in ex.state if t.tail is None and any(f.kind == "rank1" for f in t.factors)]
+    write_terms = [t for t in ex.state if t.tail is not None]
+    decay = sorter.decay(diag_terms)
+    low_rank = sorter.low_rank(rank_terms)
+    write = sorter.write(write_terms)
+
+    ex.state = (_MatTerm((), None),)  # the output reads S_t, the state after the update
+    out = ex.vec(spec.output)
+    err = SpecErrorFactory(spec.path, spec.source)
+    if out.const or len(out.reads) != 1:
+        raise err(spec.output.pos, f"the output must be c * {spec.state_name}^T @ q: one read of the state "
+                                   "times scalars, nothing else")
+    query = _split_scaled(out.reads[0])
+    if query.input is None or any(c.ty.varies not in ("const", "param") for c in query.coef):
+        raise err(spec.output.pos, f"the output must read the state with one key input, {spec.state_name}^T @ q, "
+                                   "times call-time scalars such as scale")
+
+    kinds = {t.kind for t in decay}
+    decay_kind = "channel" if "channel" in kinds else ("scalar" if kinds else "none")
+    if low_rank is None:
+        family = "gated"
+    elif low_rank.u.input is not None and low_rank.u.input == low_rank.w.input:
+        family = "delta"
+    else:
+        family = "dplr"
+    return Recurrence(spec, family, decay, decay_kind, low_rank, write, query)

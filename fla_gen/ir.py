@@ -1,0 +1,111 @@
+"""The typed IR that the checker produces: every expression node carries its per-token type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.errors import Pos
+
+# How a value varies, from least to most: a literal or dim, a call-time scalar, a per-head
+# constant, a per-token value, and the recurrent state itself.
+VARIES_ORDER = ("const", "param", "head", "token", "state")
+
+
+@dataclass(frozen=True)
+class Ty:
+    """The type of a value at one token of one head.
+
+    ``dims`` is its shape inside a head: ``()`` a scalar, ``("K",)`` a vector over the key dim,
+    ``("K", "V")`` a matrix. ``varies`` is one of ``VARIES_ORDER``.
+    """
+
+    dims: tuple[str, ...]
+    varies: str
+
+    def show(self) -> str:
+        return "scalar" if not self.dims else "[" + ", ".join(self.dims) + "]"
+
+
+def widest(*varies: str) -> str:
+    """The most variable of several ``varies`` tags (a token value times a constant varies by token)."""
+    return max(varies, key=VARIES_ORDER.index)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A name: ``role`` is ``input``, ``state``, ``param`` or ``dim``."""
+
+    name: str
+    role: str
+    ty: Ty
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Lit:
+    value: float
+    ty: Ty
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Apply:
+    """An operator or function: ``fn`` is one of ``add sub mul div matmul pow neg transpose``
+    or a function name (``exp``, ``outer``, ...)."""
+
+    fn: str
+    args: tuple[Node, ...]
+    ty: Ty
+    pos: Pos
+
+
+Node = Ref | Lit | Apply
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """One declared input tensor.
+
+    ``per_token``: laid out ``[B, T, H, ...]`` (else ``[H, ...]``, a per-head constant);
+    ``vec_dim``: its trailing head dim (``K``/``V``) or None for a scalar per token/head;
+    ``optional``: declared with ``= 0`` (absent means zeros).
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    per_token: bool
+    vec_dim: str | None
+    optional: bool
+    pos: Pos
+
+    @property
+    def ty(self) -> Ty:
+        return Ty((self.vec_dim,) if self.vec_dim else (), "token" if self.per_token else "head")
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    default: Node
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class CheckedSpec:
+    """A spec whose names resolve and whose expressions are well typed."""
+
+    path: str
+    source: str
+    source_hash: str
+    op: str
+    inputs: tuple[InputInfo, ...]
+    state_name: str
+    key_dim: str
+    value_dim: str
+    params: tuple[ParamInfo, ...]
+    updates: tuple[Node, ...]
+    output_name: str
+    output: Node
+
+    def input(self, name: str) -> InputInfo:
+        return next(i for i in self.inputs if i.name == name)

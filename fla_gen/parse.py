@@ -1,0 +1,193 @@
+"""Stage 1: spec text → syntax tree (``grammars/fla.lark``, LALR), with positioned errors."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from fla_gen import syntax as S
+from fla_gen.errors import Pos, SpecError
+
+GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammars" / "fla.lark"
+
+# How the grammar's terminal names read to a user in "expected ..." messages.
+_TERMINAL_WORDS = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "_NL": "end of line",
+    "$END": "end of file",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COLON": "':'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "AT": "'@'",
+    "POW": "'**'",
+    "TRANSPOSE": "'^T'",
+    "OP": "'op'",
+    "INPUT": "'input'",
+    "STATE": "'state'",
+    "PARAM": "'param'",
+    "UPDATE": "'update'",
+    "OUTPUT": "'output'",
+}
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(
+        GRAMMAR_PATH.read_text(),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+def _pos(meta_or_token) -> Pos:
+    return Pos(getattr(meta_or_token, "line", 1) or 1, getattr(meta_or_token, "column", 1) or 1)
+
+
+@v_args(meta=True)
+class _ToSyntax(Transformer):
+    """Turns Lark's tree into the frozen dataclasses of ``fla_gen.syntax``."""
+
+    def start(self, meta, items):
+        return tuple(items)
+
+    def op_decl(self, meta, items):
+        return S.OpDecl(str(items[0]), _pos(meta))
+
+    def shape(self, meta, items):
+        return tuple(str(t) for t in items), tuple(_pos(t) for t in items)
+
+    def default(self, meta, items):
+        return items[0]
+
+    def signed_number(self, meta, items):
+        return float(items[0])
+
+    def negative_number(self, meta, items):
+        return -float(items[0])
+
+    def input_decl(self, meta, items):
+        name, (dims, dim_pos) = items[0], items[1]
+        default = items[2] if len(items) > 2 else None
+        return S.InputDecl(str(name), dims, dim_pos, default, _pos(meta))
+
+    def state_decl(self, meta, items):
+        dims, dim_pos = items[1]
+        return S.StateDecl(str(items[0]), dims, dim_pos, _pos(meta))
+
+    def param_decl(self, meta, items):
+        return S.ParamDecl(str(items[0]), items[1], _pos(meta))
+
+    def update(self, meta, items):
+        return S.Update(str(items[0]), items[1], _pos(meta))
+
+    def output(self, meta, items):
+        return S.Output(str(items[0]), items[1], _pos(meta))
+
+    def number(self, meta, items):
+        return S.Num(float(items[0]), _pos(items[0]))
+
+    def name(self, meta, items):
+        return S.Name(str(items[0]), _pos(items[0]))
+
+    def call(self, meta, items):
+        func, args = items[0], tuple(a for a in items[1:] if a is not None)
+        return S.Call(str(func), args, _pos(func))
+
+    def _binary(op):  # noqa: N805 - a factory used in the class body
+        def build(self, meta, items):
+            return S.BinOp(op, items[0], items[2], _pos(items[1]))
+
+        return build
+
+    add = _binary("+")
+    sub = _binary("-")
+    mul = _binary("*")
+    div = _binary("/")
+    matmul = _binary("@")
+    pow = _binary("**")
+
+    def neg(self, meta, items):
+        return S.Neg(items[0], _pos(meta))
+
+    def transpose(self, meta, items):
+        return S.Transpose(items[0], _pos(items[1]))
+
+
+def _expected_words(expected: set[str] | frozenset[str]) -> str:
+    words = sorted({_TERMINAL_WORDS.get(t, t.lower()) for t in expected})
+    if len(words) > 8:
+        words = words[:8] + ["..."]
+    return ", ".join(words)
+
+
+def _describe_token(token: Token) -> str:
+    if token.type == "$END":
+        return "end of file"
+    if token.type == "_NL":
+        return "end of line"
+    return f"{token.value!r}"
+
+
+def parse_spec(source: str, path: str = "<spec>") -> S.SpecAST:
+    """Parse spec text into a syntax tree.
+
+    Raises:
+        SpecError: with ``path:line:col``, the offending line, a caret and what was expected.
+    """
+    if not source.endswith("\n"):
+        source_for_parser = source + "\n"
+    else:
+        source_for_parser = source
+    try:
+        tree = _parser().parse(source_for_parser)
+    except lark.exceptions.UnexpectedCharacters as e:
+        bad = source_for_parser[e.pos_in_stream] if e.pos_in_stream < len(source_for_parser) else "?"
+        raise SpecError(
+            path, source, Pos(e.line, e.column), f"unexpected character {bad!r}",
+            f"expected {_expected_words(e.allowed)}" if e.allowed else "",
+        ) from None
+    except lark.exceptions.UnexpectedToken as e:
+        token = e.token
+        line, col = token.line or 1, token.column or 1
+        if token.type == "$END":
+            lines = source.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+        elif token.type == "_NL":
+            # Lark places a newline token at the line break; point just past the line's text.
+            prev = source_for_parser[: token.start_pos].splitlines() or [""]
+            line, col = len(prev), len(prev[-1].rstrip("\r")) + 1
+        raise SpecError(
+            path, source, Pos(line, col), f"unexpected {_describe_token(token)}",
+            f"expected {_expected_words(e.expected)}",
+        ) from None
+    except lark.exceptions.UnexpectedEOF as e:
+        lines = source.splitlines() or [""]
+        raise SpecError(
+            path, source, Pos(len(lines), len(lines[-1]) + 1), "unexpected end of file",
+            f"expected {_expected_words(e.expected)}",
+        ) from None
+    statements = _ToSyntax().transform(tree)
+    return S.SpecAST(path, source, statements)
+
+
+def read_spec(path: str | Path) -> S.SpecAST:
+    """Read and parse a spec file (the only stage besides the writer that touches files)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "", Pos(1, 1), f"spec is not UTF-8 text ({e.reason})") from None
+    return parse_spec(text, str(path))

@@ -1,0 +1,171 @@
+"""Stage 4: Recurrence × (arch, dtype, head dim) → Plan: which kernels, how big, for which GPU.
+
+The rules are data: an arch table (shared-memory limit, matrix instruction) and a kernel
+table per algorithm (what each kernel keeps in shared memory per pipeline stage). Every
+choice carries a one-line reason that ``fla-gen plan`` prints. No run-time autotuning: the
+plan is fixed when the op is built, so a first call costs only Triton's compile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.canonical import Recurrence
+from fla_gen.runtime.plan_types import LaunchConfig, Plan
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """One compile target. ``smem_per_block``: the opt-in maximum of dynamic shared memory
+    per block in bytes (CUDA C Programming Guide, compute capabilities table)."""
+
+    name: str
+    capability: int
+    smem_per_block: int
+    matrix_unit: str
+    reason: str
+
+
+ARCHS: dict[str, ArchInfo] = {
+    a.name: a
+    for a in (
+        ArchInfo("sm80", 80, 166912, "mma.sync", "A100: 163 KB shared memory per block, mma.sync tensor cores"),
+        ArchInfo("sm86", 86, 101376, "mma.sync", "consumer Ampere: 99 KB shared memory per block"),
+        ArchInfo("sm89", 89, 101376, "mma.sync", "Ada (L4, RTX 40): 99 KB shared memory per block"),
+        ArchInfo("sm90", 90, 232448, "wgmma", "H100/H200: 227 KB shared memory per block, wgmma (M >= 64, 4-warp groups)"),
+        ArchInfo("sm100", 100, 232448, "tcgen05", "B200: 227 KB shared memory per block"),
+    )
+}
+
+DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIM_BUCKETS = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What one kernel stages in shared memory per pipeline stage, in tiles of the plan.
+
+    ``tiles``: operand tiles loaded each loop iteration, as pairs of tile dims drawn from
+    ``BT`` (chunk), ``BK``, ``BV``; ``resident``: tiles held for the whole program (e.g. the
+    intra-chunk [BT, BT] product staged for a second dot).
+    """
+
+    stage: str
+    tiles: tuple[tuple[str, str], ...]
+    resident: tuple[tuple[str, str], ...] = ()
+    pipelined: bool = True
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A kernel template and the kernels it defines."""
+
+    name: str
+    template: str
+    kernels: tuple[KernelShape, ...]
+    chunked: bool
+
+
+_CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")))
+_CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),))
+_CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
+_CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
+                                         ("BK", "BV")), (("BT", "BT"),))
+_CUMSUM = KernelShape("cumsum", (), pipelined=False)
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
+                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+        Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
+                  (_CUMSUM, _CHUNK_STATE, KernelShape("fwd_intra", (("BT", "BK"), ("BT", "BK"))), _CHUNK_OUT,
+                   _CHUNK_DSTATE, KernelShape("bwd_intra", (("BT", "BK"), ("BT", "BK"))), _CHUNK_GRADS),
+                  chunked=True),
+        Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
+                  (KernelShape("recurrent_fwd", (), pipelined=False),
+                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
+    )
+}
+
+
+class PlanError(ValueError):
+    """The planner has no rule for this recurrence or target."""
+
+
+def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
+    """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure."""
+    if rec.family != "gated":
+        raise PlanError(f"no kernels yet for the '{rec.family}' family (a rank-1 transition term); "
+                        "the gated family (no low-rank term) is supported")
+    chunk = "chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"
+    return ALGORITHMS[chunk], ALGORITHMS["fused_recurrent_gated"]
+
+
+def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
+    """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
+    and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
+    if rec.decay_kind == "channel":
+        return 64, "64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1"
+    return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
+
+
+def _element_bytes(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: int) -> int:
+    per_stage = sum(sizes[a] * sizes[b] for a, b in shape.tiles) * elem
+    resident = sum(sizes[a] * sizes[b] for a, b in shape.resident) * elem
+    return per_stage * max(stages, 1) + resident
+
+
+def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int) -> LaunchConfig:
+    """Tile sizes, warps and stages for one kernel on one arch."""
+    block = min(64, head_dim)
+    sizes = {"BT": chunk_size, "BK": block, "BV": block}
+    warps = 4
+    warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
+    if not shape.pipelined:
+        if shape.stage.startswith("recurrent"):
+            bv = min(32 if head_dim >= 128 else 64, head_dim)
+            return LaunchConfig(head_dim, bv, 4, 1, f"whole K in registers, V split in {bv}-wide blocks for "
+                                                    f"more programs in flight (decode is bandwidth bound)")
+        return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
+    budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
+    elem = _element_bytes(dtype)
+    for tile in (block, block // 2, block // 4):
+        sizes = {"BT": chunk_size, "BK": tile, "BV": tile}
+        for stages in (3, 2, 1):
+            used = _smem_bytes(shape, sizes, elem, stages)
+            if used <= budget:
+                return LaunchConfig(tile, tile, warps, stages,
+                                    f"{tile}x{tile} tiles, {stages} stage(s): ~{used // 1024} KB of "
+                                    f"{arch.smem_per_block // 1024} KB shared memory; {warps_why}")
+    raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
+
+
+def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int) -> Plan:
+    """The Plan of one algorithm for (arch, dtype, head-dim bucket)."""
+    if arch_name not in ARCHS:
+        raise PlanError(f"unknown arch {arch_name!r}; known: {', '.join(ARCHS)}")
+    if dtype not in DTYPES:
+        raise PlanError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    if head_dim > 256 or head_dim < 1:
+        raise PlanError(f"head dim {head_dim} is outside 1..256, the range these kernels tile")
+    arch = ARCHS[arch_name]
+    bucket = next(b for b in HEAD_DIM_BUCKETS if head_dim <= b)
+    if algo.chunked:
+        bt, bt_why = plan_chunk_size(rec, arch)
+    else:
+        bt, bt_why = 1, "token by token"
+    kernels = tuple((k.stage, plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
+    return Plan(arch_name, dtype, bucket, bt, bt_why, kernels)
+
+
+def plan_table(rec: Recurrence, algo: Algorithm) -> tuple[Plan, ...]:
+    """Every (arch, dtype, head-dim bucket) plan of an algorithm, in a fixed order."""
+    return tuple(
+        plan_algorithm(rec, algo, arch, dtype, hd)
+        for arch in ARCHS for dtype in DTYPES for hd in HEAD_DIM_BUCKETS
+    )

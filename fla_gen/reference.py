@@ -1,0 +1,100 @@
+"""Derive the step-by-step reference of a spec: torch code that runs the declared statements
+token by token, in whatever dtype it is given (float64 for tests), on CPU or GPU.
+
+It is derived from the checked spec, not from the canonical form, so that it is an
+independent oracle for the canonicalizer, the planner and the kernels alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref
+
+_TORCH_FN = {"exp": "torch.exp", "log": "torch.log", "sigmoid": "torch.sigmoid",
+             "softplus": "torch.nn.functional.softplus"}
+
+
+def _expand(code: str, node: Node, to_dims: tuple[str, ...]) -> str:
+    """Insert broadcast axes so a value of ``node``'s dims lines up with ``to_dims``.
+
+    Per-token values are ``[B, H, *dims]``; a vector over the key dim K becomes ``[..., K, 1]``
+    inside a [K, V] matrix and a vector over V ``[..., 1, V]``.
+    """
+    dims = node.ty.dims
+    if dims == to_dims:
+        return code
+    if not dims:
+        return f"{code}[{', '.join(['...'] + ['None'] * len(to_dims))}]"
+    if len(dims) == 1 and len(to_dims) == 2:
+        return f"{code}[..., :, None]" if dims[0] == to_dims[0] else f"{code}[..., None, :]"
+    raise AssertionError(f"cannot broadcast {dims} to {to_dims}")
+
+
+@dataclass(frozen=True)
+class TorchExpr:
+    """Renders typed IR as a torch expression over per-token locals named ``<input>_t``."""
+
+    state_name: str
+
+    def render(self, n: Node) -> str:
+        if isinstance(n, Lit):
+            return repr(float(n.value))
+        if isinstance(n, Ref):
+            if n.role == "input":
+                return f"{n.name}_t"
+            return n.name  # the state, a param (a 0-d tensor) or a head dim (an int)
+        assert isinstance(n, Apply)
+        a = n.args
+        r = [self.render(x) for x in a]
+        to = n.ty.dims
+        if n.fn in ("add", "sub", "mul"):
+            op = {"add": "+", "sub": "-", "mul": "*"}[n.fn]
+            return f"({_expand(r[0], a[0], to)} {op} {_expand(r[1], a[1], to)})"
+        if n.fn == "div":
+            return f"({r[0]} / {_expand(r[1], a[1], to)})"
+        if n.fn == "pow":
+            return f"({r[0]} ** {r[1]})"
+        if n.fn == "neg":
+            return f"(-{r[0]})"
+        if n.fn == "transpose":
+            return f"{r[0]}.transpose(-1, -2)"
+        if n.fn == "outer":
+            return f"({r[0]}[..., :, None] * {r[1]}[..., None, :])"
+        if n.fn == "diag":
+            return f"torch.diag_embed({r[0]})"
+        if n.fn == "matmul":
+            da, db = a[0].ty.dims, a[1].ty.dims
+            if len(da) == 2 and len(db) == 1:
+                return f"torch.einsum('...ij,...j->...i', {r[0]}, {r[1]})"
+            if len(da) == 1 and len(db) == 2:
+                return f"torch.einsum('...i,...ij->...j', {r[0]}, {r[1]})"
+            if len(da) == 1 and len(db) == 1:
+                return f"({r[0]} * {r[1]}).sum(-1)"
+            return f"({r[0]} @ {r[1]})"
+        if n.fn in _TORCH_FN:
+            return f"{_TORCH_FN[n.fn]}({r[0]})"
+        raise AssertionError(f"no torch rendering for {n.fn}")
+
+
+@dataclass(frozen=True)
+class ReferenceCode:
+    """What the reference template needs: per-statement torch code and the input fetches."""
+
+    token_fetches: tuple[tuple[str, str], ...]  # (local name, code) read at every token
+    updates: tuple[str, ...]
+    output: str
+
+
+def derive_reference(spec: CheckedSpec) -> ReferenceCode:
+    """Turn the checked spec's statements into torch code for one token step.
+
+    The code reads locals ``<input>_t`` (``[B, H]`` for a scalar per token, ``[B, H, D]`` for a
+    vector, ``[H]``/``[H, D]`` for a per-head constant), the state ``S`` as ``[B, H, K, V]``,
+    params as 0-d tensors and head dims as ints.
+    """
+    r = TorchExpr(spec.state_name)
+    fetches = tuple(
+        (f"{i.name}_t", f"{i.name}[rows, t]" if i.per_token else i.name) for i in spec.inputs
+    )
+    return ReferenceCode(fetches, tuple(r.render(u) for u in spec.updates), r.render(spec.output))

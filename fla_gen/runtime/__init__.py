@@ -1,0 +1,1 @@
+"""Support code imported by generated packages: plan types, varlen indexing, input validation."""

@@ -1,0 +1,42 @@
+"""The plan types shared by the planner (at build time) and generated packages (at run time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one kernel is launched: tile sizes, warps and software-pipelining depth.
+
+    ``block_k``/``block_v`` tile the key and value head dims; a tile never exceeds the
+    padded head dim (the launcher clamps it with ``min(block, next_power_of_2(dim))``).
+    """
+
+    block_k: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the planner decided for one (arch, dtype, head-dim bucket).
+
+    ``kernels`` maps a kernel's stage name (``fwd_h``, ``fwd_o``, ...) to its launch config.
+    """
+
+    arch: str
+    dtype: str
+    head_dim: int
+    chunk_size: int
+    chunk_size_reason: str
+    kernels: tuple[tuple[str, LaunchConfig], ...]
+
+    def config(self, stage: str) -> LaunchConfig:
+        """The launch config of kernel ``stage``; KeyError names the known stages."""
+        for name, cfg in self.kernels:
+            if name == stage:
+                return cfg
+        raise KeyError(f"plan has no kernel {stage!r}; known: {[n for n, _ in self.kernels]}")

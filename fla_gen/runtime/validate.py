@@ -1,0 +1,185 @@
+"""Host-side validation generated into every public op: a bad input never reaches a kernel.
+
+Each check raises TypeError (wrong kind or dtype) or ValueError (wrong shape or value) with a
+message that names the op, the argument, what was expected and what was given. Nothing here
+syncs the GPU when the caller passes ``cu_seqlens_cpu``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+# Layout letters: B, T, H index the batch, the tokens and the heads; K and V the head dims.
+_LAYOUT_DIMS = {layout: "[" + ", ".join(layout) + "]" for layout in ("BTHK", "BTHV", "BTH", "H", "HK", "HV")}
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of a generated op: ``layout`` is one of BTHK, BTHV, BTH, H, HK, HV; a ``gate``
+    may be float32 when the other inputs are 16-bit."""
+
+    name: str
+    layout: str
+    optional: bool = False
+    gate: bool = False
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """The sizes of one validated call. ``N`` sequences (B, or len(cu_seqlens) - 1)."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int
+    dtype: torch.dtype
+    cu_seqlens_cpu: torch.Tensor | None
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _expect_tensor(op: str, name: str, value, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, torch.Tensor):
+        what = "None" if value is None else type(value).__name__
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {what}")
+
+
+def validate_call(
+    op: str,
+    args: tuple[TensorArg, ...],
+    values: tuple,
+    *,
+    params: tuple[tuple[str, object], ...],
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    cu_seqlens_cpu,
+) -> CallShape:
+    """Check every argument of a call and return its sizes.
+
+    Args:
+        op: the public function's name, for messages.
+        args: the op's tensor arguments in signature order; ``values`` their values.
+        params: (name, value) of the op's scalar params (e.g. scale): None or a finite real number.
+        initial_state: None or ``[N, H, K, V]`` float32.
+        cu_seqlens: None or ``[N + 1]`` int32/int64 on the inputs' device, with B == 1.
+        cu_seqlens_cpu: optional CPU copy of cu_seqlens; with it, validation never syncs the GPU.
+    """
+    for a, x in zip(args, values, strict=True):
+        _expect_tensor(op, a.name, x, a.optional)
+    present = [(a, x) for a, x in zip(args, values, strict=True) if x is not None]
+    ref_arg, ref = next((a, x) for a, x in present if a.layout in ("BTHK", "BTHV"))
+    if ref.dim() != 4:
+        raise ValueError(f"{op}: {ref_arg.name} must be {_LAYOUT_DIMS[ref_arg.layout]} (4 dims), "
+                         f"got shape {_shape(ref)}")
+    B, T, H = ref.shape[:3]
+    sizes = {"B": B, "T": T, "H": H}
+    owner = {"B": ref_arg.name, "T": ref_arg.name, "H": ref_arg.name}
+    for a, x in present:
+        layout = a.layout
+        if x.dim() != len(layout):
+            raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[layout]} ({len(layout)} dims), "
+                             f"got shape {_shape(x)}")
+        for letter, size in zip(layout, x.shape, strict=True):
+            if letter in sizes and sizes[letter] != size:
+                raise ValueError(f"{op}: {a.name} has {letter} = {size} (shape {_shape(x)}) but {owner[letter]} "
+                                 f"has {letter} = {sizes[letter]}; expected {a.name} {_LAYOUT_DIMS[layout]}")
+            sizes.setdefault(letter, size)
+            owner.setdefault(letter, a.name)
+    K, V = sizes.get("K"), sizes.get("V")
+    for letter, size in (("K", K), ("V", V)):
+        if size is not None and not 1 <= size <= MAX_HEAD_DIM:
+            raise ValueError(f"{op}: head dim {letter} = {size} (from {owner[letter]}) is outside 1..{MAX_HEAD_DIM}, "
+                             f"the range the kernels are planned for")
+    if T == 0 or B == 0 or H == 0:
+        raise ValueError(f"{op}: {ref_arg.name} has an empty dimension (shape {_shape(ref)}); B, T and H must be >= 1")
+
+    dtype = ref.dtype
+    device = ref.device
+    for a, x in present:
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: {a.name} must be float16, bfloat16 or float32, got {x.dtype}")
+        if a.gate:
+            if x.dtype not in (dtype, torch.float32):
+                raise TypeError(f"{op}: gate {a.name} must be float32 or {dtype} (the inputs' dtype), got {x.dtype}")
+        elif x.dtype != dtype:
+            raise TypeError(f"{op}: {a.name} is {x.dtype} but {ref_arg.name} is {dtype}; inputs must share one dtype")
+        if x.device != device:
+            raise ValueError(f"{op}: {a.name} is on {x.device} but {ref_arg.name} is on {device}; "
+                             f"all tensors must be on one device")
+
+    for name, value in params:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{op}: {name} must be a float or None, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ValueError(f"{op}: {name} must be finite, got {value}")
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
+
+    N = B
+    if cu_seqlens is not None or cu_seqlens_cpu is not None:
+        cu_seqlens_cpu = _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
+        N = len(cu_seqlens_cpu) - 1
+
+    if initial_state is not None:
+        _expect_tensor(op, "initial_state", initial_state, False)
+        expected = (N, H, K, V)
+        if tuple(initial_state.shape) != expected:
+            what = "number of sequences" if cu_seqlens is not None else "batch size"
+            raise ValueError(f"{op}: initial_state must be [N, H, K, V] = [{N}, {H}, {K}, {V}] (N = {what}), "
+                             f"got {_shape(initial_state)}")
+        if initial_state.dtype != torch.float32:
+            raise TypeError(f"{op}: initial_state must be float32 (states are kept in fp32), "
+                            f"got {initial_state.dtype}")
+        if initial_state.device != device:
+            raise ValueError(f"{op}: initial_state is on {initial_state.device} but {ref_arg.name} is on {device}")
+    return CallShape(B, T, H, K or 0, V or 0, N, dtype, cu_seqlens_cpu)
+
+
+def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.Tensor:
+    if cu_seqlens is None:
+        raise ValueError(f"{op}: cu_seqlens_cpu was given without cu_seqlens; pass both")
+    _expect_tensor(op, "cu_seqlens", cu_seqlens, False)
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: cu_seqlens must be 1-D [N + 1] with N >= 1, got shape {_shape(cu_seqlens)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{op}: cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
+    if B != 1:
+        raise ValueError(f"{op}: with cu_seqlens the batch must be packed into B = 1, got B = {B}; "
+                         f"flatten the batch to [1, total_tokens, ...]")
+    if cu_seqlens_cpu is None:
+        cu_seqlens_cpu = cu_seqlens.detach().to("cpu")  # one sync; pass cu_seqlens_cpu to avoid it
+    else:
+        _expect_tensor(op, "cu_seqlens_cpu", cu_seqlens_cpu, False)
+        if cu_seqlens_cpu.device.type != "cpu":
+            raise ValueError(f"{op}: cu_seqlens_cpu must be on the CPU, got {cu_seqlens_cpu.device}")
+        if cu_seqlens_cpu.shape != cu_seqlens.shape:
+            raise ValueError(f"{op}: cu_seqlens_cpu has shape {_shape(cu_seqlens_cpu)} but cu_seqlens has "
+                             f"{_shape(cu_seqlens)}")
+    first, last = int(cu_seqlens_cpu[0]), int(cu_seqlens_cpu[-1])
+    if first != 0:
+        raise ValueError(f"{op}: cu_seqlens must start at 0, got {first}")
+    steps = cu_seqlens_cpu[1:] - cu_seqlens_cpu[:-1]
+    if bool((steps < 0).any()):
+        i = int((steps < 0).nonzero()[0])
+        raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {int(cu_seqlens_cpu[i])} then "
+                         f"{int(cu_seqlens_cpu[i + 1])} at positions {i}, {i + 1}")
+    if last != T:
+        raise ValueError(f"{op}: cu_seqlens must end at T = {T} (the inputs' length), got {last}")
+    return cu_seqlens_cpu.to(torch.int64)

@@ -1,0 +1,49 @@
+"""Random inputs for a spec, in realistic ranges, for tests, `fla-gen run` and benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fla_gen.canonical import Recurrence
+
+
+def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype,
+                  device: str | torch.device = "cpu", seed: int | None = None) -> dict[str, torch.Tensor]:
+    """One tensor per declared input of the spec, keyed by name.
+
+    Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
+    in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
+    retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
+    Gates are float32; everything else ``dtype``.
+    """
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+    spec = rec.spec
+    gate_kind = {t.input: t.kind for t in rec.decay}
+    dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
+    out = {}
+    for i in spec.inputs:
+        shape = [dims[d] for d in i.dims]
+        kind = gate_kind.get(i.name)
+        if kind == "head":
+            x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64))).float()
+        elif kind is not None:
+            x = F.logsigmoid(torch.randn(shape, generator=gen))
+        elif i.vec_dim is None:
+            x = torch.sigmoid(torch.randn(shape, generator=gen)).to(dtype)
+        else:
+            x = torch.randn(shape, generator=gen).to(dtype)
+        out[i.name] = x.to(device)
+    return out
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere gives inf."""
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    denom = ref64.norm().item()
+    return (out64 - ref64).norm().item() / max(denom, 1e-30)

@@ -1,0 +1,109 @@
+"""The syntax tree of a spec: frozen dataclasses with source positions, as written by the user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.errors import Pos
+
+
+@dataclass(frozen=True)
+class Num:
+    value: float
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of + - * / @ **
+    left: Expr
+    right: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Transpose:
+    operand: Expr
+    pos: Pos
+
+
+Expr = Num | Name | Call | BinOp | Neg | Transpose
+
+
+@dataclass(frozen=True)
+class InputDecl:
+    """``input NAME: [dims] (= default)?``: a tensor argument; a default makes it optional."""
+
+    name: str
+    dims: tuple[str, ...]
+    dim_pos: tuple[Pos, ...]
+    default: float | None
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class StateDecl:
+    name: str
+    dims: tuple[str, ...]
+    dim_pos: tuple[Pos, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    """``param NAME = expr``: a call-time scalar argument whose default is ``expr`` of the dims."""
+
+    name: str
+    default: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Update:
+    target: str
+    expr: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expr: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class OpDecl:
+    name: str
+    pos: Pos
+
+
+Statement = OpDecl | InputDecl | StateDecl | ParamDecl | Update | Output
+
+
+@dataclass(frozen=True)
+class SpecAST:
+    """A parsed spec: its statements in source order, with the file it came from."""
+
+    path: str
+    source: str
+    statements: tuple[Statement, ...]

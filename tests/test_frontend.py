@@ -1,0 +1,98 @@
+"""Parser, checker, canonicalizer and planner on valid specs."""
+
+from pathlib import Path
+
+import pytest
+
+from fla_gen.canonical import canonicalize
+from fla_gen.check import check_spec
+from fla_gen.parse import parse_spec, read_spec
+from fla_gen.plan import ALGORITHMS, ARCHS, DTYPES, HEAD_DIM_BUCKETS, PlanError, plan_algorithm, plan_table
+from fla_gen.plan import _smem_bytes, select_algorithms
+
+SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
+
+EXTRA = {"g": "[B, T, H]", "gk": "[B, T, H, K]", "beta": "[B, T, H]", "a": "[B, T, H, K]", "b": "[B, T, H, K]"}
+
+
+def canon(updates: str, *extra: str):
+    """Canonicalize a spec with q, k, v, the named extra inputs, and these update lines."""
+    decls = "".join(f"input {n}: {EXTRA[n]}\n" for n in extra)
+    src = ("op t\ninput q: [B, T, H, K]\ninput k: [B, T, H, K]\ninput v: [B, T, H, V]\n" + decls
+           + "state S: [K, V]\nparam scale = K ** -0.5\n" + updates + "output o = scale * S^T @ q\n")
+    return canonicalize(check_spec(parse_spec(src, "t.fla")))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_shipped_specs_compile(path):
+    rec = canonicalize(check_spec(read_spec(path)))
+    assert rec.spec.op == path.stem
+    assert rec.family == "gated"
+
+
+def test_families_follow_structure_not_names():
+    assert canon("update S = S + outer(k, v)\n").family == "gated"
+    delta = canon("update S = S + beta * outer(k, v - S^T @ k)\n", "beta")
+    assert delta.family == "delta"
+    assert delta.low_rank.u.input == "k" and delta.low_rank.w.input == "k"
+    dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
+    assert dplr.family == "dplr"
+    assert (dplr.low_rank.u.input, dplr.low_rank.w.input) == ("b", "a")
+    assert dplr.decay_kind == "channel"
+
+
+def test_gated_delta_composes_two_updates():
+    rec = canon("update S = exp(g) * S\nupdate S = S + beta * outer(k, v - S^T @ k)\n", "g", "beta")
+    assert rec.family == "delta"
+    assert [t.input for t in rec.decay] == ["g"]
+    # S = exp(g) S - beta k (exp(g) k)^T S + beta k v^T: u = beta k, w = -exp(g) k.
+    assert [getattr(c, "name", None) for c in rec.low_rank.u.coef] == ["beta"]
+    assert [getattr(c, "fn", getattr(c, "value", None)) for c in rec.low_rank.w.coef] == [-1.0, "exp"]
+    assert rec.write[0].input == "k" and [c.name for c in rec.write[0].coef] == ["beta"]
+
+
+@pytest.mark.parametrize("spelling", [
+    "update S = exp(gk) * S + outer(k, v)\n",
+    "update S = diag(exp(gk)) @ S + outer(k, v)\n",
+    "update S = outer(k, v) + exp(gk) * S\n",
+    "update S = exp(gk) * S\nupdate S = S + outer(k, v)\n",
+])
+def test_equivalent_spellings_agree(spelling):
+    rec = canon(spelling, "gk")
+    assert rec.family == "gated" and rec.decay_kind == "channel"
+    assert (rec.write[0].input, rec.write[1].input, rec.query.input) == ("k", "v", "q")
+
+
+def test_plans_fit_every_arch():
+    for path in SPECS:
+        rec = canonicalize(check_spec(read_spec(path)))
+        for algo in select_algorithms(rec):
+            for p in plan_table(rec, algo):
+                arch = ARCHS[p.arch]
+                assert p.chunk_size_reason
+                for stage, cfg in p.kernels:
+                    assert cfg.reason, stage
+                    assert cfg.num_warps == 4
+                    shape = next(k for k in algo.kernels if k.stage == stage)
+                    sizes = {"BT": p.chunk_size, "BK": cfg.block_k, "BV": cfg.block_v}
+                    elem = 4 if p.dtype == "fp32" else 2
+                    assert _smem_bytes(shape, sizes, elem, cfg.num_stages) <= arch.smem_per_block
+
+
+def test_plan_table_is_complete_and_deterministic():
+    rec = canonicalize(check_spec(read_spec(SPECS[0])))
+    algo = select_algorithms(rec)[0]
+    table = plan_table(rec, algo)
+    assert len(table) == len(ARCHS) * len(DTYPES) * len(HEAD_DIM_BUCKETS)
+    assert table == plan_table(rec, algo)
+
+
+def test_plan_errors():
+    rec = canonicalize(check_spec(read_spec(SPECS[0])))
+    algo = ALGORITHMS["chunk_scalar_gate"]
+    with pytest.raises(PlanError, match="unknown arch"):
+        plan_algorithm(rec, algo, "sm70", "bf16", 128)
+    with pytest.raises(PlanError, match="outside 1..256"):
+        plan_algorithm(rec, algo, "sm90", "bf16", 512)
+    with pytest.raises(PlanError, match="no kernels yet for the 'delta' family"):
+        select_algorithms(canon("update S = S + beta * outer(k, v - S^T @ k)\n", "beta"))
