@@ -43,7 +43,8 @@ class _Checker:
             raise self.err(states[1].pos, "a second state; a spec has exactly one state matrix")
         state = states[0]
         if len(state.dims) != 2 or state.dims[0] == state.dims[1]:
-            raise self.err(state.pos, f"the state must be a matrix [K, V] of two head dims, got [{', '.join(state.dims)}]")
+            got = ", ".join(state.dims)
+            raise self.err(state.pos, f"the state must be a matrix [K, V] of two head dims, got [{got}]")
         for d, p in zip(state.dims, state.dim_pos, strict=True):
             if d in LAYOUT_DIMS:
                 raise self.err(p, f"'{d}' is a layout dim (B, T, H); the state's dims are head dims such as K and V")

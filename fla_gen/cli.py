@@ -19,18 +19,23 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EXIT_OK, EXIT_DIFF, EXIT_SPEC_ERROR, EXIT_USAGE = 0, 1, 2, 3
 
 
-def compile_spec(path: Path) -> tuple[Recurrence, tuple[GeneratedFile, ...]]:
-    """Parse, check, canonicalize, plan and emit one spec."""
-    rec = canonicalize(check_spec(read_spec(path)))
-    return rec, emit_package(rec)
-
-
-def _relative(path: Path) -> Path:
+def _display_name(path: Path) -> str:
     """Spec paths are recorded relative to the repo (so generated headers do not name a home dir)."""
     try:
-        return path.resolve().relative_to(REPO_ROOT)
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
-        return path
+        return path.as_posix()
+
+
+def load_recurrence(path: Path) -> Recurrence:
+    """Parse, check and canonicalize one spec file."""
+    return canonicalize(check_spec(read_spec(path, _display_name(path))))
+
+
+def compile_spec(path: Path) -> tuple[Recurrence, tuple[GeneratedFile, ...]]:
+    """Parse, check, canonicalize, plan and emit one spec."""
+    rec = load_recurrence(path)
+    return rec, emit_package(rec)
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -50,7 +55,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             failed = True
             continue
         try:
-            rec, files = compile_spec(_relative(spec) if not spec.is_absolute() else spec)
+            rec, files = compile_spec(spec)
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             failed = True
@@ -82,7 +87,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     try:
-        rec = canonicalize(check_spec(read_spec(args.spec)))
+        rec = load_recurrence(Path(args.spec))
         algos = select_algorithms(rec)
         plans = [plan_algorithm(rec, a, args.arch, args.dtype, args.head_dim) for a in algos]
     except SpecError as e:
@@ -131,7 +136,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before any generated kernel module is imported
     try:
-        rec, files = compile_spec(_relative(Path(args.spec)))
+        rec, files = compile_spec(Path(args.spec))
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC_ERROR
@@ -183,7 +188,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     rows, bad = [], 0
     for spec in specs:
         try:
-            rec = canonicalize(check_spec(read_spec(_relative(spec))))
+            rec = load_recurrence(spec)
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             return EXIT_SPEC_ERROR

@@ -16,7 +16,7 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
-from fla_gen.plan import Algorithm, plan_table, select_algorithms
+from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -128,21 +128,12 @@ def _common_context(rec: Recurrence) -> dict:
 
 
 def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str]]:
-    """The launcher's positional tensors (fixed internal names) and the public expressions
-    passed for them. The gated kernels need a plain k vᵀ write and o = c Sᵀ q."""
-    if rec.write[0].coef or rec.write[1].coef or rec.write[0].input is None or rec.write[1].input is None:
-        raise ValueError("the gated kernels need the write term outer(k, v) of two plain inputs")
-    names = ["q", "k", "v"]
-    values = [rec.query.input, rec.write[0].input, rec.write[1].input]
-    if rec.token_gate:
-        names.append("g")
-        values.append(rec.token_gate.input)
-    if rec.head_gate:
-        names.append("g_gamma")
-        values.append(rec.head_gate.input)
+    """The launcher's positional tensors (fixed names) and the public expressions passed for them."""
+    bound = bind_kernel_inputs(rec)
     optional = {i.name for i in rec.spec.inputs if i.optional}
-    exprs = [f"None if {x} is None else {x}.contiguous()" if x in optional else f"{x}.contiguous()" for x in values]
-    return names, exprs
+    exprs = [f"None if {x} is None else {x}.contiguous()" if x in optional else f"{x}.contiguous()"
+             for x in bound.inputs]
+    return list(bound.names), exprs
 
 
 def _kernel_scale(rec: Recurrence) -> str:

@@ -183,11 +183,14 @@ def parse_spec(source: str, path: str = "<spec>") -> S.SpecAST:
     return S.SpecAST(path, source, statements)
 
 
-def read_spec(path: str | Path) -> S.SpecAST:
-    """Read and parse a spec file (the only stage besides the writer that touches files)."""
-    p = Path(path)
+def read_spec(path: str | Path, display: str | None = None) -> S.SpecAST:
+    """Read and parse a spec file (the only stage besides the writer that touches files).
+
+    ``display`` is the name used in diagnostics and generated headers (default: ``path``).
+    """
+    name = display or Path(path).as_posix()
     try:
-        text = p.read_text()
+        text = Path(path).read_text()
     except UnicodeDecodeError as e:
-        raise SpecError(str(path), "", Pos(1, 1), f"spec is not UTF-8 text ({e.reason})") from None
-    return parse_spec(text, str(path))
+        raise SpecError(name, "", Pos(1, 1), f"spec is not UTF-8 text ({e.reason})") from None
+    return parse_spec(text, name)

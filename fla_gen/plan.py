@@ -32,7 +32,8 @@ ARCHS: dict[str, ArchInfo] = {
         ArchInfo("sm80", 80, 166912, "mma.sync", "A100: 163 KB shared memory per block, mma.sync tensor cores"),
         ArchInfo("sm86", 86, 101376, "mma.sync", "consumer Ampere: 99 KB shared memory per block"),
         ArchInfo("sm89", 89, 101376, "mma.sync", "Ada (L4, RTX 40): 99 KB shared memory per block"),
-        ArchInfo("sm90", 90, 232448, "wgmma", "H100/H200: 227 KB shared memory per block, wgmma (M >= 64, 4-warp groups)"),
+        ArchInfo("sm90", 90, 232448, "wgmma",
+                 "H100/H200: 227 KB shared memory per block, wgmma (M >= 64, 4-warp groups)"),
         ArchInfo("sm100", 100, 232448, "tcgen05", "B200: 227 KB shared memory per block"),
     )
 }
@@ -76,11 +77,15 @@ _CUMSUM = KernelShape("cumsum", (), pipelined=False)
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
+        # The chunk-local gate cumsum is recomputed inside each kernel (a [BT] scan): no cumsum pass.
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+                  (_CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+        # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, KernelShape("fwd_intra", (("BT", "BK"), ("BT", "BK"))), _CHUNK_OUT,
-                   _CHUNK_DSTATE, KernelShape("bwd_intra", (("BT", "BK"), ("BT", "BK"))), _CHUNK_GRADS),
+                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE,
+                   KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),)),
+                   KernelShape("bwd_dqkg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
+                                            ("BK", "BV")), (("BT", "BT"),))),
                   chunked=True),
         Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
@@ -95,11 +100,70 @@ class PlanError(ValueError):
 
 def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
     """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure."""
-    if rec.family != "gated":
-        raise PlanError(f"no kernels yet for the '{rec.family}' family (a rank-1 transition term); "
-                        "the gated family (no low-rank term) is supported")
-    chunk = "chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"
-    return ALGORITHMS[chunk], ALGORITHMS["fused_recurrent_gated"]
+    if rec.family == "gated":
+        chunk = "chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"
+        return ALGORITHMS[chunk], ALGORITHMS["fused_recurrent_gated"]
+    if rec.family == "delta" and "chunk_delta" in ALGORITHMS:
+        if rec.decay_kind == "channel" or rec.head_gate is not None:
+            raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
+                            "a per-channel or per-head decay is not supported yet")
+        return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
+    supported = "gated, delta" if "chunk_delta" in ALGORITHMS else "gated"
+    raise PlanError(f"no kernels yet for the '{rec.family}' family (a rank-1 transition term); supported: {supported}")
+
+
+@dataclass(frozen=True)
+class KernelInputs:
+    """The tensors the launchers take: fixed launcher names (q, k, v, g, g_gamma, beta) bound to
+    the spec's input names."""
+
+    names: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+
+def _is_plain(sv) -> bool:
+    return sv.input is not None and not sv.coef
+
+
+def _single_input_coef(sv) -> str | None:
+    """The name of the one per-token scalar input that scales ``sv`` (β in β k), else None."""
+    if len(sv.coef) == 1 and getattr(sv.coef[0], "role", None) == "input":
+        return sv.coef[0].name
+    return None
+
+
+def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
+    """Match the recurrence's terms to the kernels' arguments, or say which term does not fit."""
+    x, y = rec.write
+    names, inputs = ["q"], [rec.query.input]
+    if rec.family == "gated":
+        if not (_is_plain(x) and _is_plain(y)):
+            raise PlanError("the gated kernels need the write term outer(k, v) of two plain inputs")
+        names += ["k", "v"]
+        inputs += [x.input, y.input]
+    elif rec.family == "delta":
+        beta = _single_input_coef(x)
+        lr = rec.low_rank
+        w_coef = [getattr(c, "value", getattr(c, "fn", None)) for c in lr.w.coef]
+        decay_ok = sorted(map(str, w_coef)) == sorted(map(str, [-1.0] + (["exp"] if rec.token_gate else [])))
+        if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
+                and decay_ok):
+            raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
+                            "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
+        names += ["k", "v"]
+        inputs += [x.input, y.input]
+    else:
+        raise PlanError(f"no kernel bindings for the '{rec.family}' family yet")
+    if rec.token_gate:
+        names.append("g")
+        inputs.append(rec.token_gate.input)
+    if rec.head_gate:
+        names.append("g_gamma")
+        inputs.append(rec.head_gate.input)
+    if rec.family == "delta":
+        names.append("beta")
+        inputs.append(_single_input_coef(x))
+    return KernelInputs(tuple(names), tuple(inputs))
 
 
 def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
@@ -128,9 +192,13 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
     if not shape.pipelined:
         if shape.stage.startswith("recurrent"):
-            bv = min(32 if head_dim >= 128 else 64, head_dim)
-            return LaunchConfig(head_dim, bv, 4, 1, f"whole K in registers, V split in {bv}-wide blocks for "
-                                                    f"more programs in flight (decode is bandwidth bound)")
+            # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and
+            # ~4 backward (dS, S and their products), within 128 per thread on 4 warps.
+            per_element = 4 if shape.stage.endswith("bwd") else 2
+            bv = max(16, min(64, head_dim, (128 * 32 * warps) // (per_element * head_dim)))
+            return LaunchConfig(head_dim, bv, warps, 1,
+                                f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per "
+                                f"state element stay under 128 per thread (no spills); more programs in flight")
         return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)

@@ -17,12 +17,16 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
     retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
-    Gates are float32; everything else ``dtype``.
+    Keys and queries of a rank-1 (delta) transition are L2-normalized. Gates are float32;
+    everything else ``dtype``.
     """
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
     spec = rec.spec
     gate_kind = {t.input: t.kind for t in rec.decay}
+    # A rank-1 transition (I - beta k k^T) is a contraction only for unit-norm keys: normalize
+    # the keys it reads and the queries, as delta-rule models do (Yang et al., 2024).
+    unit_norm = {rec.query.input, rec.low_rank.u.input, rec.low_rank.w.input} if rec.low_rank else set()
     dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
     out = {}
     for i in spec.inputs:
@@ -35,7 +39,9 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
         elif i.vec_dim is None:
             x = torch.sigmoid(torch.randn(shape, generator=gen)).to(dtype)
         else:
-            x = torch.randn(shape, generator=gen).to(dtype)
+            x = torch.randn(shape, generator=gen)
+            x = F.normalize(x, dim=-1) if i.name in unit_norm else x
+            x = x.to(dtype)
         out[i.name] = x.to(device)
     return out
 

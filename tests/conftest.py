@@ -9,7 +9,14 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# FLA_GEN_TEST_DEVICE=cuda runs the device-agnostic tests (validation) on a GPU with real kernels.
+TEST_DEVICE = os.environ.get("FLA_GEN_TEST_DEVICE", "cpu")
+if TEST_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    import torch
+
+    torch.set_default_device(TEST_DEVICE)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:

@@ -7,8 +7,17 @@ import pytest
 from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.parse import parse_spec, read_spec
-from fla_gen.plan import ALGORITHMS, ARCHS, DTYPES, HEAD_DIM_BUCKETS, PlanError, plan_algorithm, plan_table
-from fla_gen.plan import _smem_bytes, select_algorithms
+from fla_gen.plan import (
+    ALGORITHMS,
+    ARCHS,
+    DTYPES,
+    HEAD_DIM_BUCKETS,
+    PlanError,
+    _smem_bytes,
+    plan_algorithm,
+    plan_table,
+    select_algorithms,
+)
 
 SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -19,12 +20,17 @@ def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device:
         chunk_offsets: ``[N+1]`` int32, the first global chunk of each sequence (so the
             per-chunk states of sequence n live at ``h[chunk_offsets[n] + c]``).
     """
-    lens = (cu_seqlens_cpu[1:] - cu_seqlens_cpu[:-1]).to(torch.int64)
-    n_chunks = (lens + chunk_size - 1) // chunk_size
-    chunk_offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
-    chunk_offsets[1:] = torch.cumsum(n_chunks, 0)
-    total = int(chunk_offsets[-1])
-    seq_ids = torch.repeat_interleave(torch.arange(len(lens)), n_chunks)
-    within = torch.arange(total) - chunk_offsets[:-1].repeat_interleave(n_chunks)
-    chunk_indices = torch.stack([seq_ids, within], 1).to(torch.int32)
-    return chunk_indices.to(device), chunk_offsets.to(torch.int32).to(device)
+    # numpy, not torch: on a few dozen ints each numpy op costs ~1 us against ~20 us for torch's CPU ops.
+    bounds = cu_seqlens_cpu.numpy().astype(np.int64)
+    n_chunks = (bounds[1:] - bounds[:-1] + chunk_size - 1) // chunk_size
+    offsets = np.zeros(len(n_chunks) + 1, dtype=np.int64)
+    np.cumsum(n_chunks, out=offsets[1:])
+    seq_ids = np.repeat(np.arange(len(n_chunks)), n_chunks)
+    within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], n_chunks)
+    chunk_indices = torch.from_numpy(np.stack([seq_ids, within], 1).astype(np.int32))
+    chunk_offsets = torch.from_numpy(offsets.astype(np.int32))
+    if torch.device(device).type == "cuda":
+        # Pinned memory makes the copies asynchronous: no host-device sync on the hot path.
+        return (chunk_indices.pin_memory().to(device, non_blocking=True),
+                chunk_offsets.pin_memory().to(device, non_blocking=True))
+    return chunk_indices.to(device), chunk_offsets.to(device)

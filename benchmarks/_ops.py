@@ -1,0 +1,306 @@
+"""Shared by bench_ops.py and gpu_check.py: which ops exist, how to build their inputs, how to call them.
+
+An op is called positionally in fla's argument order (so that name differences such as fla's
+``fused_recurrent_gla(..., gk=...)`` versus our ``g`` do not matter), with ``scale`` always passed
+explicitly (fla's ``chunk_rwkv7`` defaults to 1.0 but its ``fused_recurrent_rwkv7`` to K**-0.5).
+
+Input distributions (documented choice, fixed for every run; the seed changes):
+- q, k, v, r: standard normal. Delta-rule family: k (and the a/b direction) L2-normalised over
+  the head dim, as those models do; beta = sigmoid(randn).
+- simple_gla / gla / gated_delta_rule gate g = logsigmoid(randn) / 16: the GLA paper's
+  temperature tau = 16 (decay = sigmoid(x)^(1/16)), mean decay per token about 0.95, so the
+  state remembers a few dozen tokens, as in trained models. Plain logsigmoid(randn) (decay ~0.45)
+  would make every op nearly local and hide errors in long-range terms.
+- simple_gla with --g-gamma: no g; g_gamma[h] = log(1 - 2**(-5 - 7 h / (H - 1))), RetNet's per-head
+  decays (0.969 ... 0.99976).
+- dplr / rwkv7 gate gk (w) = -0.6065 * sigmoid(randn): RWKV-7's decay exp(-e^-0.5 sigmoid(x)),
+  so each step's decay lies in (0.545, 1).
+- initial_state (gpu_check only): 0.1 * randn, fp32.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+GATE_TEMPERATURE = 16.0
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One recurrence: its argument names (fla order), scale default and fla-specific extras."""
+
+    name: str
+    args: tuple[str, ...]
+    default_scale: float | None = None  # None: K ** -0.5
+    packages: tuple[str, ...] = ()  # generated.<pkg> candidates, first that imports wins
+    fla_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for fla's function
+    fla_name: str = ""  # fla's function suffix (chunk_<fla_name>), default name
+
+    @property
+    def suffix(self) -> str:
+        return self.fla_name or self.name
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in [
+        OpSpec("linear_attn", ("q", "k", "v"), fla_kwargs={"normalize": False}),
+        OpSpec("simple_gla", ("q", "k", "v", "g")),
+        OpSpec("gla", ("q", "k", "v", "g")),
+        OpSpec("delta_rule", ("q", "k", "v", "beta")),
+        OpSpec("gated_delta_rule", ("q", "k", "v", "g", "beta")),
+        OpSpec("dplr_delta_rule", ("q", "k", "v", "a", "b", "gk"), packages=("dplr_delta_rule", "dplr")),
+        OpSpec("rwkv7", ("r", "w", "k", "v", "a", "b"), default_scale=1.0),
+    ]
+}
+
+DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "dplr_delta_rule", "rwkv7"}
+
+
+def parse_shape(s: str) -> tuple[int, int, int, int, int]:
+    """'BxTxHxD' or 'BxTxHxKxV' -> (B, T, H, K, V)."""
+    parts = [int(p) for p in s.lower().split("x")]
+    if len(parts) == 4:
+        return parts[0], parts[1], parts[2], parts[3], parts[3]
+    if len(parts) == 5:
+        return tuple(parts)  # type: ignore[return-value]
+    raise ValueError(f"shape {s!r}: expected BxTxHxD or BxTxHxKxV")
+
+
+def shape_str(shape) -> str:
+    B, T, H, K, V = shape
+    return f"{B}x{T}x{H}x{K}" if K == V else f"{B}x{T}x{H}x{K}x{V}"
+
+
+def seed_for(seed: int, *parts) -> int:
+    """A per-(op, shape) seed that does not depend on Python's hash randomisation."""
+    h = seed
+    for p in parts:
+        for ch in str(p):
+            h = (h * 1000003 + ord(ch)) % (2**61 - 1)
+    return h
+
+
+def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = False,
+                gate_dtype=None, requires_grad: bool = True):
+    """Fresh random inputs, identical in every process for the same seed and device.
+
+    Returns (names, args, kwargs): positional tensors in fla's order and keyword tensors
+    (``g_gamma`` for simple_gla with --g-gamma). Tensors that take gradients are leaves.
+    """
+    B, T, H, K, V = shape
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed % (2**63))
+    gate_dtype = gate_dtype or dtype
+
+    def randn(*s):
+        return torch.randn(*s, generator=gen, device=device, dtype=torch.float32)
+
+    tensors: dict[str, torch.Tensor] = {}
+    kwargs: dict[str, torch.Tensor] = {}
+    names = list(op.args)
+    for n in op.args:
+        if n in ("q", "r"):
+            tensors[n] = randn(B, T, H, K)
+        elif n == "k":
+            x = randn(B, T, H, K)
+            tensors[n] = F.normalize(x, p=2, dim=-1) if op.name in DELTA_FAMILY else x
+        elif n == "v":
+            tensors[n] = randn(B, T, H, V)
+        elif n == "g":
+            if op.name == "simple_gla" and g_gamma:
+                continue
+            gshape = (B, T, H, K) if op.name == "gla" else (B, T, H)
+            tensors[n] = (F.logsigmoid(randn(*gshape)) / GATE_TEMPERATURE).to(gate_dtype)
+        elif n == "beta":
+            tensors[n] = torch.sigmoid(randn(B, T, H))
+        elif n in ("gk", "w"):
+            tensors[n] = (-math.exp(-0.5) * torch.sigmoid(randn(B, T, H, K))).to(gate_dtype)
+        elif n == "a":
+            kk = F.normalize(randn(B, T, H, K), p=2, dim=-1)
+            tensors["a"] = -kk
+            tensors["_kk"] = kk
+        elif n == "b":
+            tensors["b"] = tensors.pop("_kk") * torch.sigmoid(randn(B, T, H, K))
+        else:
+            raise ValueError(f"no input recipe for argument {n!r} of {op.name}")
+    if op.name == "simple_gla" and g_gamma:
+        names.remove("g")
+        h = torch.arange(H, device=device, dtype=torch.float32)
+        kwargs["g_gamma"] = torch.log1p(-(2.0 ** (-5.0 - 7.0 * h / max(H - 1, 1))))
+    args = []
+    for n in names:
+        t = tensors[n]
+        if t.dtype == torch.float32 and n not in ("g", "gk", "w"):
+            t = t.to(dtype)
+        t = t.contiguous().detach()
+        if requires_grad:
+            t.requires_grad_(True)
+        args.append(t)
+    return names, args, kwargs
+
+
+def scale_for(op: OpSpec, K: int) -> float:
+    return op.default_scale if op.default_scale is not None else K ** -0.5
+
+
+def err_text(e: BaseException, limit: int = 300) -> str:
+    """'Type: first line of the message', short enough for a table footnote."""
+    msg = str(e).strip().splitlines()
+    first = msg[0] if msg else ""
+    # Triton compile errors put the useful line last
+    if len(msg) > 1 and len(first) < 20:
+        first = " | ".join(m.strip() for m in msg[:3])
+    return f"{type(e).__name__}: {first}"[:limit]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (nan if either has a non-finite value)."""
+    a = a.detach().double()
+    b = b.detach().double()
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("nan")
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+def resolve_ours(op: OpSpec, mode: str, fake: bool = False):
+    """Our function (mode 'chunk' / 'fused_recurrent' / 'reference') or raise ImportError."""
+    if fake:
+        return fake_impl(op, mode)
+    pkgs = op.packages or (op.name,)
+    last: Exception | None = None
+    for pkg in pkgs:
+        try:
+            mod = importlib.import_module(f"generated.{pkg}")
+        except ImportError as e:
+            last = e
+            continue
+        fname = f"{pkg}_reference" if mode == "reference" else f"{mode}_{op.suffix}"
+        cands = [fname, f"{op.name}_reference"] if mode == "reference" else [fname, f"{mode}_{pkg}"]
+        for c in cands:
+            if hasattr(mod, c):
+                return getattr(mod, c)
+        raise ImportError(f"generated.{pkg} has no {fname}")
+    raise ImportError(f"generated.{pkgs[0]} not importable ({last})")
+
+
+def resolve_fla(op: OpSpec, mode: str, fake: bool = False):
+    """fla-core's function with our calling convention (extras such as normalize=False bound)."""
+    if fake:
+        fn = fake_impl(op, mode)
+        if op.name == "simple_gla" and mode == "chunk":
+            return _FakeRefusal(fn)
+        return fn
+    mod = importlib.import_module("fla.ops")
+    fn = getattr(mod, f"{mode}_{op.suffix}")
+    extra = dict(op.fla_kwargs)
+    if not extra:
+        return fn
+
+    def call(*args, **kwargs):
+        return fn(*args, **{**extra, **kwargs})
+
+    call.__name__ = fn.__name__
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU stand-ins, only for exercising the scripts' plumbing without a GPU (--fake).
+
+
+def _naive(op: OpSpec, *args, scale=None, initial_state=None, output_final_state=False,
+           cu_seqlens=None, g_gamma=None, **_):
+    """Quadratic-form linear_attn / simple_gla / gla in float64 (short T only)."""
+    if op.name not in ("linear_attn", "simple_gla", "gla"):
+        raise NotImplementedError(f"--fake has no stand-in for {op.name}")
+    if cu_seqlens is not None:  # one sequence at a time
+        cuts = [int(c) for c in cu_seqlens.tolist()]
+        outs, hts = [], []
+        for i in range(len(cuts) - 1):
+            sl = [x[:, cuts[i]:cuts[i + 1]] for x in args]
+            h0 = initial_state[i:i + 1] if initial_state is not None else None
+            o, ht = _naive(op, *sl, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                           g_gamma=g_gamma)
+            outs.append(o)
+            hts.append(ht)
+        return torch.cat(outs, 1), (torch.cat(hts, 0) if output_final_state else None)
+    q, k, v = args[:3]
+    g = args[3] if len(args) > 3 else None
+    B, T, H, K = q.shape
+    dt = q.dtype
+    q, k, v = q.double(), k.double(), v.double()
+    if g is None and g_gamma is not None:
+        g = g_gamma.double().view(1, 1, H).expand(B, T, H)
+    if g is None:
+        G = torch.zeros(B, T, H, 1, dtype=torch.float64, device=q.device)
+    else:
+        g = g.double()
+        G = g.cumsum(1) if g.dim() == 4 else g.cumsum(1).unsqueeze(-1)
+    scale = K ** -0.5 if scale is None else scale
+    A = torch.einsum("bthk,bshk->bhts", q * G.exp(), k * (-G).exp())
+    A = A.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), 0)
+    o = scale * torch.einsum("bhts,bshv->bthv", A, v)
+    if initial_state is not None:
+        o = o + scale * torch.einsum("bthk,bhkv->bthv", q * G.exp(), initial_state.double())
+    ht = None
+    if output_final_state:
+        GT = G[:, -1:]
+        ht = torch.einsum("bshk,bshv->bhkv", k * (GT - G).exp(), v)
+        if initial_state is not None:
+            ht = ht + GT[:, 0].unsqueeze(-1).exp() * initial_state.double()
+        ht = ht.float()
+    return o.to(dt), ht
+
+
+def fake_impl(op: OpSpec, mode: str):
+    def fn(*args, **kwargs):
+        return _naive(op, *args, **kwargs)
+
+    fn.__name__ = f"fake_{mode}_{op.name}"
+    return fn
+
+
+class _RefusingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("fake: gated backward refused on this GPU (stand-in for fla's Hopper check)")
+
+
+class _FakeRefusal:
+    """Mimics fla's chunk_simple_gla on Hopper: forward runs, backward raises."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = fn.__name__
+
+    def __call__(self, *args, **kwargs):
+        o, ht = self.fn(*args, **kwargs)
+        if len(args) < 4 or args[3] is None:  # fla refuses only with a per-token gate g
+            return o, ht
+        return _RefusingBackward.apply(o), ht
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall(fn, device) -> float:
+    """Seconds for one call, device work included."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0

@@ -1,0 +1,54 @@
+"""Every generated kernel, compiled ahead of time for sm80, sm89, sm90 and sm100 with its plan.
+
+`fla-gen aot --all` runs in a subprocess without TRITON_INTERPRET (compiles need real
+@triton.jit kernels). It captures the launches of chunk and fused_recurrent, forward and
+backward (dense everywhere, varlen on sm89 and sm90), compiles each specialization for its
+target and fails on a compile error, shared memory over the arch limit, or an MMA -> MMA
+layout conversion off Ampere. Here we also check that wgmma is used on sm90 where the plan
+tiles a kernel for the tensor cores.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fla_gen.plan import select_algorithms
+from tests.support import REPO_ROOT, SPECS, recurrence
+
+
+@pytest.fixture(scope="module")
+def aot_reports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot") / "aot.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fla_gen.cli", "aot", "--all", "--json", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500,
+    )
+    return proc, json.loads(out.read_text()) if out.exists() else []
+
+
+def test_every_kernel_compiles_cleanly_for_every_target(aot_reports):
+    proc, rows = aot_reports
+    problems = [r for r in rows if r["problems"]]
+    assert proc.returncode == 0 and not problems, proc.stdout[-4000:] + proc.stderr[-4000:]
+    caps = {r["cap"] for r in rows}
+    assert caps == {80, 89, 90, 100}
+    for spec in SPECS:
+        for cap in caps:
+            kernels = {r["kernel"] for r in rows if r["op"] == spec.stem and r["cap"] == cap}
+            assert any("recurrent_fwd" in k for k in kernels) and any("fwd_h" in k for k in kernels), (spec, cap)
+    assert {r["variant"] for r in rows if r["cap"] in (89, 90)} == {"dense", "varlen"}
+
+
+def test_sm90_matrix_kernels_use_wgmma(aot_reports):
+    _, rows = aot_reports
+    for spec in SPECS:
+        rec = recurrence(spec.stem)
+        matrix_stages = {k.stage for algo in select_algorithms(rec) for k in algo.kernels if k.tiles}
+        for r in rows:
+            stage = r["kernel"].removeprefix(f"{spec.stem}_").removesuffix("_kernel")
+            if r["op"] == spec.stem and r["cap"] == 90 and stage in matrix_stages:
+                assert r["uses_wgmma"], f"{r['kernel']} on sm90 does not use wgmma"
