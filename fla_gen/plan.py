@@ -55,6 +55,10 @@ class KernelShape:
     tiles: tuple[tuple[str, str], ...]
     resident: tuple[tuple[str, str], ...] = ()
     pipelined: bool = True
+    # (arch, num_warps, reason) overrides of the 4-warp default, from `fla-gen aot` register reports.
+    warps: tuple[tuple[str, int, str], ...] = ()
+    # (arch, most pipeline stages, reason): caps measured by `fla-gen aot` where the tile model is optimistic.
+    max_stages: tuple[tuple[str, int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,24 @@ class Algorithm:
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")))
 _CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),))
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
+_WIDE_GRADS = "8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers"
 _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
-                                         ("BK", "BV")), (("BT", "BT"),))
+                                         ("BK", "BV")), (("BT", "BT"),),
+                           warps=(("sm90", 8, _WIDE_GRADS), ("sm100", 8, _WIDE_GRADS)))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False)
+
+# Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel fwd_o and bwd_dv stage whole-chunk [BT, BT]
+# products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages 88-128 KB, 1 stage ~24-40 KB.
+# The tile model below underestimates them, so the measured caps bound the stage search.
+_CHANNEL_STAGE_CAPS = (
+    ("sm80", 2, "2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB"),
+    ("sm86", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB"),
+    ("sm89", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB"),
+    ("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
+    ("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
+)
+_CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
+                           max_stages=_CHANNEL_STAGE_CAPS)
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
@@ -82,8 +101,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                   (_CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE,
-                   KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),)),
+                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_OUT, _CHUNK_DSTATE,
+                   KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
+                               max_stages=_CHANNEL_STAGE_CAPS),
                    KernelShape("bwd_dqkg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
                                             ("BK", "BV")), (("BT", "BT"),))),
                   chunked=True),
@@ -200,16 +220,23 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                                 f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per "
                                 f"state element stay under 128 per thread (no spills); more programs in flight")
         return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
+    for arch_name, n, why in shape.warps:
+        if arch_name == arch.name:
+            warps, warps_why = n, why
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)
+    most, cap_why = 3, ""
+    for arch_name, n, why in shape.max_stages:
+        if arch_name == arch.name:
+            most, cap_why = n, f"; {why}"
     for tile in (block, block // 2, block // 4):
         sizes = {"BT": chunk_size, "BK": tile, "BV": tile}
-        for stages in (3, 2, 1):
+        for stages in range(most, 0, -1):
             used = _smem_bytes(shape, sizes, elem, stages)
             if used <= budget:
                 return LaunchConfig(tile, tile, warps, stages,
                                     f"{tile}x{tile} tiles, {stages} stage(s): ~{used // 1024} KB of "
-                                    f"{arch.smem_per_block // 1024} KB shared memory; {warps_why}")
+                                    f"{arch.smem_per_block // 1024} KB shared memory{cap_why}; {warps_why}")
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 

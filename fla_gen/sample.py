@@ -33,13 +33,13 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
         shape = [dims[d] for d in i.dims]
         kind = gate_kind.get(i.name)
         if kind == "head":
-            x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64))).float()
+            x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64, device="cpu"))).float()
         elif kind is not None:
-            x = F.logsigmoid(torch.randn(shape, generator=gen))
+            x = F.logsigmoid(torch.randn(shape, generator=gen, device="cpu"))
         elif i.vec_dim is None:
-            x = torch.sigmoid(torch.randn(shape, generator=gen)).to(dtype)
+            x = torch.sigmoid(torch.randn(shape, generator=gen, device="cpu")).to(dtype)
         else:
-            x = torch.randn(shape, generator=gen)
+            x = torch.randn(shape, generator=gen, device="cpu")
             x = F.normalize(x, dim=-1) if i.name in unit_norm else x
             x = x.to(dtype)
         out[i.name] = x.to(device)

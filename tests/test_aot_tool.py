@@ -311,10 +311,20 @@ def test_detector_ignores_conversions_that_leave_the_mma_layout() -> None:
 
 
 def test_detector_reads_inline_mma_encodings() -> None:
+    v3 = "#ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [%s], instrShape = [16, 64, 16]}>"
+    line = f"%3 = ttg.convert_layout %2 : tensor<64x32xf32, {v3 % '4, 1'}> -> tensor<64x32xf32, {v3 % '2, 2'}>"
+    assert mma_to_mma_conversions(line) == (line,)
+    assert mma_to_mma_conversions(line.replace("'2, 2'", "'4, 1'").replace("[2, 2]", "[4, 1]")) == ()
+
+
+def test_detector_allows_conversions_between_two_mma_v2_layouts() -> None:
+    """sm80/86/89 all use MMA v2 (mma.sync); Triton lowers v2 -> v2 there. Only other versions fail."""
     v2 = "#ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [%s], instrShape = [16, 8]}>"
     line = f"%3 = ttg.convert_layout %2 : tensor<64x32xf32, {v2 % '8, 1'}> -> tensor<64x32xf32, {v2 % '4, 2'}>"
-    assert mma_to_mma_conversions(line) == (line,)
-    assert mma_to_mma_conversions(line.replace("'4, 2'", "'8, 1'").replace("[4, 2]", "[8, 1]")) == ()
+    assert mma_to_mma_conversions(line) == ()
+    v3 = v2.replace("versionMajor = 2", "versionMajor = 3")
+    mixed = f"%3 = ttg.convert_layout %2 : tensor<64x32xf32, {v2 % '4, 1'}> -> tensor<64x32xf32, {v3 % '4, 1'}>"
+    assert mma_to_mma_conversions(mixed) == (mixed,)
 
 
 def test_type_parsing() -> None:

@@ -81,7 +81,7 @@ def test_plans_fit_every_arch():
                 assert p.chunk_size_reason
                 for stage, cfg in p.kernels:
                     assert cfg.reason, stage
-                    assert cfg.num_warps == 4
+                    assert cfg.num_warps in (4, 8)
                     shape = next(k for k in algo.kernels if k.stage == stage)
                     sizes = {"BT": p.chunk_size, "BK": cfg.block_k, "BV": cfg.block_v}
                     elem = 4 if p.dtype == "fp32" else 2

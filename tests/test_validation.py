@@ -112,6 +112,8 @@ def call(op, mode, build):
 @pytest.mark.parametrize(("op", "build", "error", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_refused_on_the_host(op, build, error, words, mode, monkeypatch):
     import triton
+    import triton.runtime.interpreter
+    import triton.runtime.jit
 
     def no_launch(*a, **k):
         raise AssertionError("a kernel was launched for a bad input")

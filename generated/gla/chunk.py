@@ -157,10 +157,12 @@ def gla_fwd_o_kernel(
             o_x = o_i[:, None] * (H * K) + o_k[None, :]
             o_xjt = o_j[None, :] * (H * K) + o_k[:, None]
             b_gr = tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)
+            b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+            b_gt = tl.load(g_c + o_xjt, mask=m_kj, other=0.)
             b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
-                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gr[None, :], float("-inf"))))
+                (scale * tl.exp(tl.where(m_rk, b_g - b_gr[None, :], float("-inf"))))
             b_kgt = tl.load(k_c + o_xjt, mask=m_kj, other=0.).to(tl.float32) * \
-                tl.exp(tl.where(m_kj, b_gr[:, None] - tl.load(g_c + o_xjt, mask=m_kj, other=0.), float("-inf")))
+                tl.exp(tl.where(m_kj, b_gr[:, None] - b_gt, float("-inf")))
             b_Ab += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
         # rows up to block c get zeros (above the diagonal); its own rows, the diagonal block, below
         tl.store(p_A + o_i[:, None] * (H * BT) + o_j[None, :], b_Ab.to(A.dtype.element_ty),
@@ -360,11 +362,12 @@ def gla_bwd_dqkg_kernel(
         o_xj = o_j[:, None] * (H * K) + o_k[None, :]
         i_r = tl.minimum(i_c * BC + BC, n_t) - 1
         b_gr = tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)
+        b_gj = tl.load(g_c + o_xj, mask=m_jk, other=0.)
         b_kg = tl.load(k_c + o_xj, mask=m_jk, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_jk, b_gr[None, :] - tl.load(g_c + o_xj, mask=m_jk, other=0.), float("-inf")))
+            tl.exp(tl.where(m_jk, b_gr[None, :] - b_gj, float("-inf")))
         b_dAc = tl.load(dA_c + o_i[:, None] * (H * BT) + o_j[None, :], mask=m_i[:, None], other=0.)
-        b_dq += tl.dot(b_dAc.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION) * \
-            tl.exp(tl.where(m_ik & (o_i >= i_c * BC + BC)[:, None], b_g - b_gr[None, :], float("-inf")))
+        b_dqc = tl.dot(b_dAc.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_dq += b_dqc * tl.exp(tl.where(m_ik & (o_i >= i_c * BC + BC)[:, None], b_g - b_gr[None, :], float("-inf")))
         # dk of the rows before block c + 1 from its rows i, through f = its first token:
         # exp(G_f - G_j) (dA[block c + 1, :]^T @ (q_i exp(G_i - G_f)))
         o_f = o_j + BC
@@ -373,11 +376,12 @@ def gla_bwd_dqkg_kernel(
         o_xf = o_f[:, None] * (H * K) + o_k[None, :]
         i_f = tl.minimum(i_c * BC + BC, n_t - 1)
         b_gf = tl.load(g_c + i_f * (H * K) + o_k, mask=m_k, other=0.)
+        b_gi = tl.load(g_c + o_xf, mask=m_fk, other=0.)
         b_qg = tl.load(q_c + o_xf, mask=m_fk, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_fk, tl.load(g_c + o_xf, mask=m_fk, other=0.) - b_gf[None, :], float("-inf")))
+            tl.exp(tl.where(m_fk, b_gi - b_gf[None, :], float("-inf")))
         b_dAct = tl.load(dA_c + o_f[None, :] * (H * BT) + o_i[:, None], mask=m_f[None, :], other=0.)
-        b_dk += tl.dot(b_dAct.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION) * \
-            tl.exp(tl.where(m_ik & (o_i < i_c * BC + BC)[:, None], b_gf[None, :] - b_g, float("-inf")))
+        b_dkc = tl.dot(b_dAct.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_dk += b_dkc * tl.exp(tl.where(m_ik & (o_i < i_c * BC + BC)[:, None], b_gf[None, :] - b_g, float("-inf")))
 
     # intra-chunk, diagonal sub-blocks, entry by entry, for row r and j = s(r) + i_j:
     # dq_r += dA[r, j] k_j exp(G_r - G_j) if j <= r
