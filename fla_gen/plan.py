@@ -59,6 +59,8 @@ class KernelShape:
     warps: tuple[tuple[str, int, str], ...] = ()
     # (arch, most pipeline stages, reason): caps measured by `fla-gen aot` where the tile model is optimistic.
     max_stages: tuple[tuple[str, int, str], ...] = ()
+    # Keeps a whole-K [K, BV] state tile in registers (sequential over chunks): BV shrinks as K grows.
+    whole_k: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ _CHANNEL_STAGE_CAPS = (
 _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                            max_stages=_CHANNEL_STAGE_CAPS)
 
+_DELTA_DH_89 = "1 stage: the whole-K tiles need 98 KB at 2 stages, at the 99 KB limit (measured)"
+
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
@@ -107,6 +111,25 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_dqkg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
                                             ("BK", "BV")), (("BT", "BT"),))),
                   chunked=True),
+        # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
+        # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
+        Algorithm("chunk_delta", "kernels/chunk_delta.jinja",
+                  (KernelShape("fwd_wu", (("BT", "BK"), ("BK", "BT"), ("BT", "BV"), ("BT", "BV")),
+                               (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+                   KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True),
+                   KernelShape("fwd_o", (("BT", "BK"), ("BK", "BT"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+                   KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                               (("BK", "BV"), ("BT", "BV")), whole_k=True,
+                               max_stages=(("sm86", 1, _DELTA_DH_89), ("sm89", 1, _DELTA_DH_89))),
+                   KernelShape("bwd_dqk", (("BT", "BV"), ("BT", "BV"), ("BV", "BT"), ("BV", "BT"), ("BV", "BK")),
+                               (("BT", "BT"), ("BT", "BT"))),
+                   # 4 warps (the default): at 8, wgmma lays out bwd_wy's chained dots apart (MMA->MMA on sm90).
+                   KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
+                               (("BT", "BT"), ("BT", "BT"), ("BT", "BT")))),
+                  chunked=True),
+        Algorithm("fused_recurrent_delta", "kernels/fused_recurrent_delta.jinja",
+                  (KernelShape("recurrent_fwd", (), pipelined=False),
+                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
         Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
@@ -220,6 +243,21 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                                 f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per "
                                 f"state element stay under 128 per thread (no spills); more programs in flight")
         return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
+    if shape.whole_k:
+        bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
+        most = min([2] + [n for arch_name, n, _ in shape.max_stages if arch_name == arch.name])
+        sizes = {"BT": chunk_size, "BK": head_dim, "BV": bv}
+        budget = int(arch.smem_per_block * 0.8)
+        stages = next((s for s in range(most, 0, -1)
+                       if _smem_bytes(shape, sizes, _element_bytes(dtype), s) <= budget), 0)
+        if not stages:
+            raise PlanError(f"kernel {shape.stage} keeps whole-K tiles of {head_dim} ({dtype}) that do not fit "
+                            f"{arch.name}'s shared memory")
+        used = _smem_bytes(shape, sizes, _element_bytes(dtype), stages)
+        return LaunchConfig(head_dim, bv, warps, stages,
+                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile in registers: BV = {bv} keeps it "
+                            f"from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; "
+                            f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB")
     for arch_name, n, why in shape.warps:
         if arch_name == arch.name:
             warps, warps_why = n, why
@@ -259,8 +297,14 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
 
 
 def plan_table(rec: Recurrence, algo: Algorithm) -> tuple[Plan, ...]:
-    """Every (arch, dtype, head-dim bucket) plan of an algorithm, in a fixed order."""
-    return tuple(
-        plan_algorithm(rec, algo, arch, dtype, hd)
-        for arch in ARCHS for dtype in DTYPES for hd in HEAD_DIM_BUCKETS
-    )
+    """Every (arch, dtype, head-dim bucket) plan of an algorithm that fits its target, in a fixed
+    order; a combination with no plan is left out, and a call that needs it is refused on the host."""
+    plans = []
+    for arch in ARCHS:
+        for dtype in DTYPES:
+            for hd in HEAD_DIM_BUCKETS:
+                try:
+                    plans.append(plan_algorithm(rec, algo, arch, dtype, hd))
+                except PlanError:
+                    continue
+    return tuple(plans)

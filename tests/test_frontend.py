@@ -36,7 +36,7 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.op == path.stem
-    assert rec.family == "gated"
+    assert rec.family == ("delta" if "delta" in path.stem else "gated")
 
 
 def test_families_follow_structure_not_names():
@@ -89,7 +89,7 @@ def test_plans_fit_every_arch():
 
 
 def test_plan_table_is_complete_and_deterministic():
-    rec = canonicalize(check_spec(read_spec(SPECS[0])))
+    rec = canonicalize(check_spec(read_spec(next(p for p in SPECS if p.stem == "gla"))))
     algo = select_algorithms(rec)[0]
     table = plan_table(rec, algo)
     assert len(table) == len(ARCHS) * len(DTYPES) * len(HEAD_DIM_BUCKETS)
@@ -103,5 +103,19 @@ def test_plan_errors():
         plan_algorithm(rec, algo, "sm70", "bf16", 128)
     with pytest.raises(PlanError, match="outside 1..256"):
         plan_algorithm(rec, algo, "sm90", "bf16", 512)
-    with pytest.raises(PlanError, match="no kernels yet for the 'delta' family"):
-        select_algorithms(canon("update S = S + beta * outer(k, v - S^T @ k)\n", "beta"))
+    with pytest.raises(PlanError, match="no kernels yet for the 'dplr' family"):
+        select_algorithms(canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b"))
+
+
+def test_combinations_that_do_not_fit_are_left_out_and_refused():
+    rec = canonicalize(check_spec(read_spec(next(p for p in SPECS if p.stem == "delta_rule"))))
+    table = plan_table(rec, select_algorithms(rec)[0])
+    keys = {(p.arch, p.dtype, p.head_dim) for p in table}
+    assert ("sm80", "fp32", 256) not in keys and ("sm90", "bf16", 128) in keys
+    import torch
+
+    from fla_gen.runtime.dispatch import forced_arch, select_plan
+
+    plans = {(p.arch, p.dtype, p.head_dim): p for p in table}
+    with forced_arch("sm80"), pytest.raises(ValueError, match="no plan for fp32 inputs at head dim <= 256 on sm80"):
+        select_plan(plans, torch.device("cpu"), torch.float32, 200)

@@ -11,7 +11,7 @@ import torch
 from fla_gen.verify import verify_op
 from tests.support import generated, poisoned_allocations, recurrence
 
-OPS = ["linear_attn", "simple_gla", "gla"]
+OPS = ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"]
 MODES = ["chunk", "fused_recurrent"]
 
 

@@ -18,6 +18,10 @@ def base(op):
         args["g"] = -torch.rand(g_shape[op])
     if op == "simple_gla":
         args["g_gamma"] = -torch.rand(H)
+    if op == "gated_delta_rule":
+        args["g"] = -torch.rand(B, T, H)
+    if op.endswith("delta_rule"):
+        args["beta"] = torch.rand(B, T, H)
     return args
 
 
@@ -35,6 +39,10 @@ def with_(op, **changes):
 
 # (id, op, builder -> (tensor args, keyword args), exception type, words that must be in the message)
 CASES = [
+    ("beta missing", "delta_rule", lambda: with_("delta_rule", beta=None), TypeError,
+     "beta must be a torch.Tensor, got None"),
+    ("beta per channel", "gated_delta_rule", lambda: with_("gated_delta_rule", beta=torch.rand(B, T, H, K)),
+     ValueError, "beta must be [B, T, H]"),
     ("q is a list", "linear_attn", lambda: with_("linear_attn", q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
     ("required gate missing", "gla", lambda: with_("gla", g=None), TypeError, "g must be a torch.Tensor, got None"),
     ("q has 3 dims", "linear_attn", lambda: with_("linear_attn", q=torch.randn(B, T, K)), ValueError, "q must be"),

@@ -23,7 +23,7 @@ def partitions(draw):
     return lengths
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla"])
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=partitions(), seed=st.integers(0, 2**31 - 1))

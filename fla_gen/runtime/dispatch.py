@@ -47,4 +47,9 @@ def select_plan(plans: dict[tuple[str, str, int], Plan], device: torch.device, d
                 head_dim: int) -> Plan:
     """The plan for (arch of ``device``, ``dtype``, smallest bucket holding ``head_dim``)."""
     bucket = next(b for b in HEAD_DIM_BUCKETS if head_dim <= b)
-    return plans[(arch_of(device), _DTYPE_NAMES[dtype], bucket)]
+    key = (arch_of(device), _DTYPE_NAMES[dtype], bucket)
+    if key not in plans:
+        others = sorted({d for a, d, b in plans if a == key[0] and b == bucket})
+        raise ValueError(f"no plan for {key[1]} inputs at head dim <= {bucket} on {key[0]}: the kernels do not fit its "
+                         f"shared memory; use {' or '.join(others) or 'a smaller head dim'}")
+    return plans[key]
