@@ -150,8 +150,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fla_gen.verify import verify_op
 
     device = "cuda" if on_gpu else "cpu"
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype or
-                                                                                     ("bf16" if on_gpu else "fp32")]
+    dtype_name = args.dtype or ("bf16" if on_gpu else "fp32")
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     B, T, H, K, V = args.shape
     where = "GPU" if on_gpu else "CPU, Triton interpreter"
     print(f"{rec.spec.op}: B={B} T={T} H={H} K={K} V={V} {args.dtype or dtype} on {device} ({where}); "
