@@ -94,6 +94,15 @@ def _compare(case: dict, got, ref, names, threshold: float, expect_shapes: dict)
         problems.append(f"ht dtype {ht.dtype}")
 
 
+def _run_and_compare(case: dict, fn, run_args: tuple, ref, names, threshold: float, shapes: dict) -> None:
+    """Run one mode and fill ``case`` with its errors; an exception becomes the row's problem."""
+    try:
+        _compare(case, _run(fn, *run_args), ref, names, threshold, shapes)
+    except Exception as e:
+        case["problems"].append(_ops.err_text(e))
+        case["status"] = "ERR"
+
+
 def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
     op = _ops.OPS[opname]
     device, fake = args.device, args.fake
@@ -150,12 +159,7 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
     if ref is not None:
         for mode, fn in fns.items():
             r = row(mode, f"fwd T={T}", ref_s=round(ref_s, 2))
-            try:
-                got = _run(fn, a, h0, scale, kwargs, None, False)
-                _compare(r, got, ref, names, args.threshold, shapes)
-            except Exception as e:
-                r["problems"].append(_ops.err_text(e))
-                r["status"] = "ERR"
+            _run_and_compare(r, fn, (a, h0, scale, kwargs, None, False), ref, names, args.threshold, shapes)
     del a, ref
     _free(device)
 
@@ -205,12 +209,7 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
         shapes["dh0"] = (N, H, K, V)
         for mode, fn in fns.items():
             r = row(mode, label, ref_s=round(ref_s, 2))
-            try:
-                got = _run(fn, a, h0, scale, kwargs, cu, True, do, dht)
-                _compare(r, got, ref, names, args.threshold, shapes)
-            except Exception as e:
-                r["problems"].append(_ops.err_text(e))
-                r["status"] = "ERR"
+            _run_and_compare(r, fn, (a, h0, scale, kwargs, cu, True, do, dht), ref, names, args.threshold, shapes)
         del a, ref
         _free(device)
     for r in rows:
