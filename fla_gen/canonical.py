@@ -294,13 +294,6 @@ def _split_scaled(n: Node, coef: tuple[Node, ...] = ()) -> ScaledVector:
     return ScaledVector(coef, None, n)
 
 
-def _rebuild(sv: ScaledVector, pos: Pos) -> Node:
-    out = sv.expr if sv.input is None else sv.expr
-    for c in reversed(sv.coef):
-        out = _mul(c, out, pos)
-    return out
-
-
 class _Sorter:
     def __init__(self, spec: CheckedSpec, pos: Pos) -> None:
         self.spec = spec

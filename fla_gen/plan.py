@@ -180,6 +180,19 @@ def _single_input_coef(sv) -> str | None:
     return None
 
 
+def _coef_tags(coef) -> list[str]:
+    """Scalar factors as tags: -1 -> "neg1", exp(g) -> "exp:g", anything else -> "other"."""
+    tags = []
+    for c in coef:
+        if getattr(c, "value", None) == -1.0:
+            tags.append("neg1")
+        elif getattr(c, "fn", None) == "exp" and getattr(c.args[0], "role", None) == "input":
+            tags.append(f"exp:{c.args[0].name}")
+        else:
+            tags.append("other")
+    return tags
+
+
 def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     """Match the recurrence's terms to the kernels' arguments, or say which term does not fit."""
     x, y = rec.write
@@ -192,10 +205,10 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     elif rec.family == "delta":
         beta = _single_input_coef(x)
         lr = rec.low_rank
-        w_coef = [getattr(c, "value", getattr(c, "fn", None)) for c in lr.w.coef]
-        decay_ok = sorted(map(str, w_coef)) == sorted(map(str, [-1.0] + (["exp"] if rec.token_gate else [])))
+        # w must be -exp(g) k with g the state's own decay (or -k without one): S' = exp(g) S first.
+        expected = ["neg1"] + ([f"exp:{rec.token_gate.input}"] if rec.token_gate else [])
         if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
-                and decay_ok):
+                and sorted(_coef_tags(lr.w.coef)) == sorted(expected)):
             raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
                             "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
         names += ["k", "v"]

@@ -119,3 +119,16 @@ def test_combinations_that_do_not_fit_are_left_out_and_refused():
     plans = {(p.arch, p.dtype, p.head_dim): p for p in table}
     with forced_arch("sm80"), pytest.raises(ValueError, match="no plan for fp32 inputs at head dim <= 256 on sm80"):
         select_plan(plans, torch.device("cpu"), torch.float32, 200)
+
+
+def test_delta_kernels_refuse_a_look_alike_recurrence():
+    """exp(g) S + beta k (v - S^T k)^T reads the undecayed state: (exp(g) I - beta k k^T) S is not the
+    gated delta rule exp(g) (I - beta k k^T) S, so the delta kernels must not take it."""
+    from fla_gen.plan import bind_kernel_inputs
+
+    look_alike = canon("update S = exp(g) * S + beta * outer(k, v - S^T @ k)\n", "g", "beta")
+    assert look_alike.family == "delta"
+    with pytest.raises(PlanError, match="delta-family kernels need"):
+        bind_kernel_inputs(look_alike)
+    gated = canon("update S = exp(g) * S\nupdate S = S + beta * outer(k, v - S^T @ k)\n", "g", "beta")
+    assert bind_kernel_inputs(gated).names == ("q", "k", "v", "g", "beta")
