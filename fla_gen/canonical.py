@@ -9,7 +9,8 @@ expanded into a sum of terms, each a product of left factors (a scalar, a diagon
 rank-1 matrix u wᵀ) applied to the previous state or to a write ``outer(x, y)``; the terms
 are then sorted into the transition's diagonal part, its low-rank part and the write.
 The algorithm family follows from that structure alone (never from the op's name):
-no low-rank term → ``gated``; u and w multiples of one key input → ``delta``; else ``dplr``.
+no low-rank term → ``gated``; u and w multiples of one key input → ``delta``; else
+``general_rank1`` (the DPLR form).
 """
 
 from __future__ import annotations
@@ -409,5 +410,5 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
     elif low_rank.u.input is not None and low_rank.u.input == low_rank.w.input:
         family = "delta"
     else:
-        family = "dplr"
+        family = "general_rank1"
     return Recurrence(spec, family, decay, decay_kind, low_rank, write, query)

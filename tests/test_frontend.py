@@ -45,7 +45,7 @@ def test_families_follow_structure_not_names():
     assert delta.family == "delta"
     assert delta.low_rank.u.input == "k" and delta.low_rank.w.input == "k"
     dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
-    assert dplr.family == "dplr"
+    assert dplr.family == "general_rank1"
     assert (dplr.low_rank.u.input, dplr.low_rank.w.input) == ("b", "a")
     assert dplr.decay_kind == "channel"
 
@@ -103,7 +103,7 @@ def test_plan_errors():
         plan_algorithm(rec, algo, "sm70", "bf16", 128)
     with pytest.raises(PlanError, match="outside 1..256"):
         plan_algorithm(rec, algo, "sm90", "bf16", 512)
-    with pytest.raises(PlanError, match="no kernels yet for the 'dplr' family"):
+    with pytest.raises(PlanError, match="no kernels yet for the .general_rank1. family"):
         select_algorithms(canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b"))
 
 
