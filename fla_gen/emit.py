@@ -153,6 +153,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
                      else "the token-by-token kernel, for decoding."),
         "algorithm": algo.name,
         "kernel_names": [f"{op}_{k.stage}_kernel" for k in algo.kernels],
+        "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
         ).strip("\n"),

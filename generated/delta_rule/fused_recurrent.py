@@ -14,9 +14,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
 
-import torch
-import triton
-import triton.language as tl
+# Kernels (templates/kernels/fused_recurrent_delta.jinja): they use the torch, triton and tl imported above.
 
 
 @triton.jit(do_not_specialize=["T"])

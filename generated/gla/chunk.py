@@ -15,9 +15,7 @@ from fla_gen.runtime.varlen import prepare_chunk_indices
 
 from .plans import CHUNK_PLANS
 
-import torch
-import triton
-import triton.language as tl
+# Kernels (templates/kernels/chunk_channel_gate.jinja): they use the torch, triton and tl imported above.
 
 
 @triton.jit
