@@ -38,10 +38,13 @@ def compile_spec(path: Path) -> tuple[Recurrence, tuple[GeneratedFile, ...]]:
     return rec, emit_package(rec)
 
 
+def _spec_paths(args: argparse.Namespace) -> list[Path]:
+    """The SPEC arguments, plus every spec in specs/ with --all."""
+    return [Path(s) for s in args.specs] + (sorted((REPO_ROOT / "specs").glob("*.fla")) if args.all else [])
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
-    specs = [Path(s) for s in args.specs]
-    if args.all:
-        specs += sorted((REPO_ROOT / "specs").glob("*.fla"))
+    specs = _spec_paths(args)
     if not specs:
         print("fla-gen build: name one or more spec files, or pass --all", file=sys.stderr)
         return EXIT_USAGE
@@ -176,7 +179,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     elif os.environ.get("TRITON_INTERPRET"):
         print("fla-gen aot: run without TRITON_INTERPRET", file=sys.stderr)
         return EXIT_USAGE
-    specs = [Path(s) for s in args.specs] + (sorted((REPO_ROOT / "specs").glob("*.fla")) if args.all else [])
+    specs = _spec_paths(args)
     if not specs:
         print("fla-gen aot: name one or more spec files, or pass --all", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fla_gen.canonical import Recurrence
-from fla_gen.runtime.plan_types import LaunchConfig, Plan
+from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ ARCHS: dict[str, ArchInfo] = {
 
 ARCH_NAMES = tuple(ARCHS)
 DTYPES = ("fp16", "bf16", "fp32")
-HEAD_DIM_BUCKETS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -245,10 +244,19 @@ def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: in
     return per_stage * max(stages, 1) + resident
 
 
+def _arch_rule(rules: tuple[tuple[str, int, str], ...], arch: ArchInfo) -> tuple[int, str] | None:
+    """The (value, reason) of the rule for ``arch`` in a KernelShape's per-arch overrides, if any."""
+    return next(((n, why) for name, n, why in rules if name == arch.name), None)
+
+
+def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, most: int, budget: int) -> int:
+    """The deepest pipeline (<= ``most``) whose modelled shared memory fits ``budget``; 0 if none."""
+    return next((s for s in range(most, 0, -1) if _smem_bytes(shape, sizes, elem, s) <= budget), 0)
+
+
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int) -> LaunchConfig:
     """Tile sizes, warps and stages for one kernel on one arch."""
     block = min(64, head_dim)
-    sizes = {"BT": chunk_size, "BK": block, "BV": block}
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
     if not shape.pipelined:
@@ -261,42 +269,35 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                                 f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per "
                                 f"state element stay under 128 per thread (no spills); more programs in flight")
         return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
+    budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
+    elem = _element_bytes(dtype)
+    cap = _arch_rule(shape.max_stages, arch)
     if shape.whole_k:
         bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
-        most = min([2] + [n for arch_name, n, _ in shape.max_stages if arch_name == arch.name])
         sizes = {"BT": chunk_size, "BK": head_dim, "BV": bv}
-        budget = int(arch.smem_per_block * 0.8)
-        stages = next((s for s in range(most, 0, -1)
-                       if _smem_bytes(shape, sizes, _element_bytes(dtype), s) <= budget), 0)
+        stages = _most_stages_that_fit(shape, sizes, elem, min(2, cap[0]) if cap else 2, budget)
         if not stages:
             raise PlanError(f"kernel {shape.stage} keeps whole-K tiles of {head_dim} ({dtype}) that do not fit "
                             f"{arch.name}'s shared memory")
-        used = _smem_bytes(shape, sizes, _element_bytes(dtype), stages)
+        used = _smem_bytes(shape, sizes, elem, stages)
         return LaunchConfig(head_dim, bv, warps, stages,
                             f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile in registers: BV = {bv} keeps it "
                             f"from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; "
                             f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB")
-    for arch_name, n, why in shape.warps:
-        if arch_name == arch.name:
-            warps, warps_why = n, why
-    budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
-    elem = _element_bytes(dtype)
-    most, cap_why = 3, ""
-    for arch_name, n, why in shape.max_stages:
-        if arch_name == arch.name:
-            most, cap_why = n, f"; {why}"
+    if rule := _arch_rule(shape.warps, arch):
+        warps, warps_why = rule
+    most, cap_why = (cap[0], f"; {cap[1]}") if cap else (3, "")
     tiles = [(t, t) for t in (block, block // 2, block // 4)]
     if arch.name in shape.wide_v and head_dim > block:
         tiles.insert(0, (block, min(128, head_dim)))
     for bk, bv in tiles:
         sizes = {"BT": chunk_size, "BK": bk, "BV": bv}
-        for stages in range(most, 0, -1):
+        if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
             used = _smem_bytes(shape, sizes, elem, stages)
-            if used <= budget:
-                wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > bk else ""
-                return LaunchConfig(bk, bv, warps, stages,
-                                    f"{bk}x{bv} tiles{wide}, {stages} stage(s): ~{used // 1024} KB of "
-                                    f"{arch.smem_per_block // 1024} KB shared memory{cap_why}; {warps_why}")
+            wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > bk else ""
+            return LaunchConfig(bk, bv, warps, stages,
+                                f"{bk}x{bv} tiles{wide}, {stages} stage(s): ~{used // 1024} KB of "
+                                f"{arch.smem_per_block // 1024} KB shared memory{cap_why}; {warps_why}")
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
@@ -309,7 +310,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     if head_dim > 256 or head_dim < 1:
         raise PlanError(f"head dim {head_dim} is outside 1..256, the range these kernels tile")
     arch = ARCHS[arch_name]
-    bucket = next(b for b in HEAD_DIM_BUCKETS if head_dim <= b)
+    bucket = head_dim_bucket(head_dim)
     if algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from fla_gen.runtime.plan_types import Plan
+from fla_gen.runtime.plan_types import Plan, head_dim_bucket
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-HEAD_DIM_BUCKETS = (64, 128, 256)
 
 
 _forced_arch: str | None = None
@@ -46,7 +45,7 @@ def arch_of(device: torch.device) -> str:
 def select_plan(plans: dict[tuple[str, str, int], Plan], device: torch.device, dtype: torch.dtype,
                 head_dim: int) -> Plan:
     """The plan for (arch of ``device``, ``dtype``, smallest bucket holding ``head_dim``)."""
-    bucket = next(b for b in HEAD_DIM_BUCKETS if head_dim <= b)
+    bucket = head_dim_bucket(head_dim)
     key = (arch_of(device), _DTYPE_NAMES[dtype], bucket)
     if key not in plans:
         others = sorted({d for a, d, b in plans if a == key[0] and b == bucket})

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Plans are tabulated per padded head dim: the smallest bucket that holds max(K, V).
+HEAD_DIM_BUCKETS = (64, 128, 256)
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """The plan bucket of a head dim (1..256): 64, 128 or 256."""
+    return next(b for b in HEAD_DIM_BUCKETS if head_dim <= b)
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
