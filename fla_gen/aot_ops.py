@@ -49,7 +49,7 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
 def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtype = torch.bfloat16,
                       head_dim: int = 128, varlen_caps=(89, 90), jobs: int = 2) -> list[MatrixEntry]:
     """Compile all kernels of ``generated.<op>`` for each cap, each with that arch's plan."""
-    pkg = importlib.import_module(f"generated.{rec.spec.op}")
+    pkg = importlib.import_module(f"generated.{rec.spec.package}")
     entries = []
     for cap in caps:
         for varlen in (False, True) if cap in varlen_caps else (False,):

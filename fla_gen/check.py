@@ -36,6 +36,9 @@ class _Checker:
             raise self.err(Pos(1, 1), "the spec has no 'op NAME' line", "start the spec with e.g. 'op my_attn'")
         if len(ops) > 1:
             raise self.err(ops[1].pos, f"a second 'op' line (the op is already named '{ops[0].name}')")
+        packages = [s for s in stmts if isinstance(s, S.PackageDecl)]
+        if len(packages) > 1:
+            raise self.err(packages[1].pos, f"a second 'package' line (already '{packages[0].name}')")
         states = [s for s in stmts if isinstance(s, S.StateDecl)]
         if not states:
             raise self.err(ops[0].pos, "the spec declares no state", "add e.g. 'state S: [K, V]'")
@@ -98,7 +101,8 @@ class _Checker:
         return CheckedSpec(
             path=self.spec.path, source=self.spec.source,
             source_hash=hashlib.sha256(text.encode()).hexdigest()[:16],
-            op=ops[0].name, inputs=inputs, state_name=state.name, key_dim=key_dim, value_dim=value_dim,
+            op=ops[0].name, package=packages[0].name if packages else ops[0].name, inputs=inputs,
+            state_name=state.name, key_dim=key_dim, value_dim=value_dim,
             params=params, updates=tuple(updates), output_name=out_stmt.name, output=out,
         )
 

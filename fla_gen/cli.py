@@ -67,14 +67,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
             print(f"{spec}: error: {e}", file=sys.stderr)
             failed = True
             continue
-        ops.add(rec.spec.op)
+        ops.add(rec.spec.package)
         if args.check:
             diffs = diff_files(files, out_dir)
             all_diffs += diffs
-            print(f"{spec}: {'differs' if diffs else 'up to date'} ({out_dir / rec.spec.op})")
+            print(f"{spec}: {'differs' if diffs else 'up to date'} ({out_dir / rec.spec.package})")
         else:
             changed = write_files(files, out_dir)
-            print(f"{spec}: wrote {out_dir / rec.spec.op} ({len(changed)} file(s) changed)")
+            print(f"{spec}: wrote {out_dir / rec.spec.package} ({len(changed)} file(s) changed)")
     if args.check:
         for d in all_diffs:
             sys.stdout.write(d.diff)
@@ -148,7 +148,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_SPEC_ERROR
     out_dir = Path(args.output) if args.output else REPO_ROOT / "generated"
     write_files(files, out_dir)
-    pkg = _import_package(out_dir, rec.spec.op)
+    pkg = _import_package(out_dir, rec.spec.package)
 
     from fla_gen.verify import verify_op
 

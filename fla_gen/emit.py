@@ -195,11 +195,11 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
          "plans": plan_table(rec, recurrent_algo)},
     ]
-    op = rec.spec.op
+    pkg = rec.spec.package
     return (
-        GeneratedFile(f"{op}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
-        GeneratedFile(f"{op}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
-        GeneratedFile(f"{op}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),
-        GeneratedFile(f"{op}/plans.py", env.get_template("package/plans.py.jinja").render(plans_ctx)),
-        GeneratedFile(f"{op}/reference.py", env.get_template("package/reference.py.jinja").render(ref_ctx)),
+        GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
+        GeneratedFile(f"{pkg}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
+        GeneratedFile(f"{pkg}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),
+        GeneratedFile(f"{pkg}/plans.py", env.get_template("package/plans.py.jinja").render(plans_ctx)),
+        GeneratedFile(f"{pkg}/reference.py", env.get_template("package/reference.py.jinja").render(ref_ctx)),
     )

@@ -98,6 +98,7 @@ class CheckedSpec:
     source: str
     source_hash: str
     op: str
+    package: str  # generated/<package>/: the `package` line, else the op's name
     inputs: tuple[InputInfo, ...]
     state_name: str
     key_dim: str

@@ -66,6 +66,9 @@ class _ToSyntax(Transformer):
     def op_decl(self, meta, items):
         return S.OpDecl(str(items[0]), _pos(meta))
 
+    def package_decl(self, meta, items):
+        return S.PackageDecl(str(items[0]), _pos(meta))
+
     def shape(self, meta, items):
         return tuple(str(t) for t in items), tuple(_pos(t) for t in items)
 

@@ -64,6 +64,8 @@ class KernelShape:
     # Archs where a kernel that loops over V tiles around a once-built [BT, BT] product takes one V tile
     # up to 128 wide instead (no V loop). Measured on the H100: gla fwd 1.505 -> 1.327 ms, fwd+bwd 4.43 -> 4.14.
     wide_v: tuple[str, ...] = ()
+    # Builds [BT, BT, BK] tiles of pairwise decays entry by entry (no dot, nothing to pipeline).
+    pair_tiles: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,22 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT")))),
                   chunked=True),
+        # General rank-1 (DPLR): 16-token chunks whose pairwise decays are built entry by entry, so no
+        # exp factor can overflow; the output is fused into the sequential state walk (fwd_h).
+        Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
+                  (KernelShape("fwd_intra", (), pair_tiles=True),
+                   KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                               (("BK", "BV"), ("BT", "BT"), ("BT", "BT"), ("BT", "BT")), whole_k=True),
+                   KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                               (("BK", "BV"), ("BT", "BT")), whole_k=True),
+                   KernelShape("bwd_dv", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BT"), ("BT", "BV"))),
+                   KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
+                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True),
+                   KernelShape("bwd_dqk", (), pair_tiles=True)),
+                  chunked=True),
+        Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
+                  (KernelShape("recurrent_fwd", (), pipelined=False),
+                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
         Algorithm("fused_recurrent_delta", "kernels/fused_recurrent_delta.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
@@ -155,6 +173,11 @@ def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
             raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
                             "a per-channel or per-head decay is not supported yet")
         return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
+    if rec.family == "general_rank1":
+        if rec.decay_kind == "scalar" or rec.head_gate is not None:
+            raise PlanError("the DPLR kernels take a per-channel log gate exp(g) [B, T, H, K] or none; a per-token "
+                            "scalar or per-head decay is not supported yet (broadcast it to [B, T, H, K])")
+        return ALGORITHMS["chunk_dplr"], ALGORITHMS["fused_recurrent_dplr"]
     supported = "gated, delta" if "chunk_delta" in ALGORITHMS else "gated"
     raise PlanError(f"no kernels yet for the '{rec.family}' family (a rank-1 transition term); supported: {supported}")
 
@@ -212,6 +235,13 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
                             "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
         names += ["k", "v"]
         inputs += [x.input, y.input]
+    elif rec.family == "general_rank1":
+        lr = rec.low_rank
+        if not all(_is_plain(sv) for sv in (x, y, lr.u, lr.w)):
+            raise PlanError("the DPLR kernels need S = diag(exp(g)) S + b (a^T S) + k v^T with k, v, a, b plain "
+                            "inputs (no scalar factors): fold a factor into the input it scales")
+        names += ["k", "v"]
+        inputs += [x.input, y.input]
     else:
         raise PlanError(f"no kernel bindings for the '{rec.family}' family yet")
     if rec.token_gate:
@@ -223,12 +253,19 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     if rec.family == "delta":
         names.append("beta")
         inputs.append(_single_input_coef(x))
+    if rec.family == "general_rank1":
+        # the transition's rank-1 part u w^T = b a^T: a reads the state, b writes the read back
+        names += ["a", "b"]
+        inputs += [rec.low_rank.w.input, rec.low_rank.u.input]
     return KernelInputs(tuple(names), tuple(inputs))
 
 
 def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
+    if rec.family == "general_rank1":
+        return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are built entry by "
+                    "entry in [16, 16, BK] register tiles (never as exp(G_t) exp(-G_s), which can overflow)")
     if rec.decay_kind == "channel":
         return 64, "64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1"
     return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
@@ -259,6 +296,9 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
+    if shape.pair_tiles:
+        return LaunchConfig(16, 16, warps, 1, "K in 16-wide blocks: each [BT, BT, 16] fp32 decay tile takes ~32 "
+                                              "registers per thread on 4 warps; entry-wise, nothing to pipeline")
     if not shape.pipelined:
         if shape.stage.startswith("recurrent"):
             # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and

@@ -17,7 +17,8 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
     retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
-    Keys and queries of a rank-1 (delta) transition are L2-normalized. Gates are float32;
+    Keys and queries of a rank-1 (delta) transition are L2-normalized; a general rank-1 term b aᵀ
+    gets a = -k̂, b = η k̂ (RWKV-7's form). Gates are float32;
     everything else ``dtype``.
     """
     gen = torch.Generator(device="cpu")
@@ -27,6 +28,11 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     # A rank-1 transition (I - beta k k^T) is a contraction only for unit-norm keys: normalize
     # the keys it reads and the queries, as delta-rule models do (Yang et al., 2024).
     unit_norm = {rec.query.input, rec.low_rank.u.input, rec.low_rank.w.input} if rec.low_rank else set()
+    # A general rank-1 term b a^T is drawn as RWKV-7 parameterizes it (Peng et al., 2025): a = -k̂ and
+    # b = η k̂, k̂ unit-norm and η in (0, 1) per token, so diag(α) + b a^T = diag(α) - η k̂ k̂^T contracts.
+    rank1_pair = None
+    if rec.family == "general_rank1" and rec.low_rank.u.input and rec.low_rank.w.input:
+        rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
     dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
     out = {}
     for i in spec.inputs:
@@ -43,6 +49,13 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
             x = F.normalize(x, dim=-1) if i.name in unit_norm else x
             x = x.to(dtype)
         out[i.name] = x.to(device)
+    if rank1_pair is not None:
+        a_name, b_name = rank1_pair
+        shape = list(out[a_name].shape)
+        direction = F.normalize(torch.randn(shape, generator=gen, device="cpu"), dim=-1)
+        eta = torch.sigmoid(torch.randn(shape[:-1] + [1], generator=gen, device="cpu"))
+        out[a_name] = (-direction).to(dtype).to(device)
+        out[b_name] = (direction * eta).to(dtype).to(device)
     return out
 
 

@@ -97,7 +97,15 @@ class OpDecl:
     pos: Pos
 
 
-Statement = OpDecl | InputDecl | StateDecl | ParamDecl | Update | Output
+@dataclass(frozen=True)
+class PackageDecl:
+    """``package NAME``: the generated package's directory (default: the op's name)."""
+
+    name: str
+    pos: Pos
+
+
+Statement = OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | Update | Output
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def canon(updates: str, *extra: str):
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
-    assert rec.spec.op == path.stem
+    assert rec.spec.package == path.stem
     assert rec.family == ("delta" if "delta" in path.stem else "gated")
 
 
