@@ -100,6 +100,13 @@ _CHANNEL_STAGE_CAPS = (
 _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                            max_stages=_CHANNEL_STAGE_CAPS, wide_v=tuple(ARCH_NAMES))
 
+# fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
+# tiles take 228 registers at 4 warps, 182 at 8; bwd_dqk's [16, 16, 16] fp32 decay tiles spill ~30 B at 4.
+_DPLR_DA_WARPS = tuple((a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)")
+                       for a in ARCH_NAMES)
+_DPLR_DQK_WARPS = tuple((a, 8, "8 warps: at 4 the [16, 16, 16] fp32 decay tiles spill ~30 B (fla-gen aot)")
+                        for a in ARCH_NAMES)
+
 _DELTA_DH_89 = "1 stage: the whole-K tiles need 98 KB at 2 stages, at the 99 KB limit (measured)"
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -143,8 +150,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                (("BK", "BV"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dv", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BT"), ("BT", "BV"))),
                    KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
-                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True),
-                   KernelShape("bwd_dqk", (), pair_tiles=True)),
+                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS),
+                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS)),
                   chunked=True),
         Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
@@ -296,9 +303,11 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
+    if rule := _arch_rule(shape.warps, arch):
+        warps, warps_why = rule
     if shape.pair_tiles:
-        return LaunchConfig(16, 16, warps, 1, "K in 16-wide blocks: each [BT, BT, 16] fp32 decay tile takes ~32 "
-                                              "registers per thread on 4 warps; entry-wise, nothing to pipeline")
+        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks of entry-wise [BT, BT, 16] fp32 decay tiles, "
+                                              f"nothing to pipeline; {warps_why}")
     if not shape.pipelined:
         if shape.stage.startswith("recurrent"):
             # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and
@@ -323,9 +332,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         return LaunchConfig(head_dim, bv, warps, stages,
                             f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile in registers: BV = {bv} keeps it "
                             f"from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; "
-                            f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB")
-    if rule := _arch_rule(shape.warps, arch):
-        warps, warps_why = rule
+                            f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB; {warps_why}")
     most, cap_why = (cap[0], f"; {cap[1]}") if cap else (3, "")
     tiles = [(t, t) for t in (block, block // 2, block // 4)]
     if arch.name in shape.wide_v and head_dim > block:
