@@ -3,7 +3,8 @@
 #
 # Device tool: command `bash benchmarks/device_run.sh`, carry [".whl"], timeout_s 600.
 # (.whl holds fla_core-0.6.0 + einops; see benchmarks/README.md.) Knobs, as env vars before `bash`:
-#   OPS=linear_attn,simple_gla,gla   SHAPES=4x4096x16x128   STAGES="check bench"
+#   OPS=linear_attn,simple_gla,gla   SHAPES=4x4096x16x128   STAGES="check bench" (also: field, the
+#   RWKV-7 + cu_seqlens call of benchmarks/rwkv7_field_call.py, run first)
 #   CHECK_S=120 (gpu_check wall limit)   BENCH_S=450 (bench_ops wall limit); keep their sum <= ~570
 #   FLA_JOBS=3 (fla first calls = compile + autotune, run 3 at a time: ~5 min instead of ~8)
 #   LIBS=sdpa,ours,fla   CHECK_ARGS=... BENCH_ARGS=... (extra flags, e.g. BENCH_ARGS=--quick)
@@ -68,6 +69,12 @@ EOF
 
 rc_check=skipped
 rc_bench=skipped
+rc_field=skipped
+if [[ " $STAGES " == *" field "* ]]; then
+  echo "== rwkv7_field_call (limit 300s) at $((SECONDS - T0))s" | tee -a "$LOG"
+  timeout -k 10 300 python3 benchmarks/rwkv7_field_call.py $FIELD_ARGS --out "$OUT/rwkv7_field.json" 2>&1 | tee -a "$LOG"
+  rc_field=$?
+fi
 if [[ " $STAGES " == *" check "* ]]; then
   echo "== gpu_check (limit ${CHECK_S}s) at $((SECONDS - T0))s" | tee -a "$LOG"
   # shellcheck disable=SC2086
@@ -86,7 +93,7 @@ fi
 
 {
   echo
-  echo "== done in $((SECONDS - T0))s  gpu_check rc=$rc_check  bench_ops rc=$rc_bench (124 = stage limit hit)"
+  echo "== done in $((SECONDS - T0))s  gpu_check rc=$rc_check  bench_ops rc=$rc_bench  rwkv7_field rc=$rc_field (124 = stage limit hit)"
   for t in check_table bench_table; do
     echo
     cat "$OUT/$t.txt" 2>/dev/null || echo "($t.txt not written)"
