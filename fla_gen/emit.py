@@ -7,6 +7,7 @@ compiler give byte-identical files.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
+from fla_gen.runtime.plan_types import Plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -176,6 +178,27 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
 
+# Dtypes whose plans usually equal another dtype's (same element size): emitted as aliases when equal.
+_DTYPE_ALIASES = (("fp16", "bf16"),)
+
+
+def _plan_rows(plans: tuple[Plan, ...]) -> dict:
+    """Split a plan table into the rows written out in full and the rows equal to another dtype's
+    row but for the dtype (fp16 = bf16 unless a measured entry tells them apart), which the
+    package rebuilds with ``same_plans_as``: {"plans": [...], "aliases": [{"dtype", "source", "targets"}]}."""
+    by_key = {(p.arch, p.dtype, p.head_dim): p for p in plans}
+    aliases = []
+    for dtype, source in _DTYPE_ALIASES:
+        targets = [(p.arch, p.head_dim) for p in plans if p.dtype == dtype
+                   and (src := by_key.get((p.arch, source, p.head_dim))) is not None
+                   and dataclasses.replace(src, dtype=dtype) == p]
+        if targets:
+            aliases.append({"dtype": dtype, "source": source, "targets": targets})
+    aliased = {(a, al["dtype"], hd) for al in aliases for a, hd in al["targets"]}
+    full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
+    return {"plans": full, "aliases": aliases}
+
+
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     """Render every file of ``generated/<op>/`` for a canonical recurrence."""
     env = _environment(str(TEMPLATES_DIR))
@@ -191,9 +214,10 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     })
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
-        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels", "plans": plan_table(rec, chunk_algo)},
+        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
+         **_plan_rows(plan_table(rec, chunk_algo))},
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
-         "plans": plan_table(rec, recurrent_algo)},
+         **_plan_rows(plan_table(rec, recurrent_algo))},
     ]
     op = rec.spec.op
     return (
