@@ -63,6 +63,24 @@ OPS: dict[str, OpSpec] = {
 DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "dplr_delta_rule", "rwkv7"}
 
 
+# Named shape lists for --shapes. issue7: the targets of project issue 7 (B x T x H x D, K = V = D).
+SHAPE_PRESETS = {
+    "issue7": ("4x4096x16x128", "8x2048x32x64", "1x16384x16x128", "2x8192x8x256"),
+}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int, int]]:
+    """'4x4096x16x128,issue7,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
+    duplicates dropped, order kept."""
+    out: list[tuple[int, int, int, int, int]] = []
+    for item in (x.strip() for x in text.split(",")):
+        for s in SHAPE_PRESETS.get(item, (item,) if item else ()):
+            shape = parse_shape(s)
+            if shape not in out:
+                out.append(shape)
+    return out
+
+
 def parse_shape(s: str) -> tuple[int, int, int, int, int]:
     """'BxTxHxD' or 'BxTxHxKxV' -> (B, T, H, K, V)."""
     parts = [int(p) for p in s.lower().split("x")]

@@ -359,7 +359,7 @@ def run(args) -> dict:
     for o in ops:
         if o not in _ops.OPS:
             raise SystemExit(f"unknown op {o!r}; known: {', '.join(_ops.OPS)}")
-    shapes = [_ops.parse_shape(s) for s in args.shapes.split(",") if s]
+    shapes = _ops.parse_shapes(args.shapes)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     device = "cpu" if args.fake else (args.device or "cuda")
     dtype = args.dtype or ("float32" if args.fake else "bfloat16")
