@@ -26,7 +26,8 @@ Per (op, shape) one worker process selects the op's build-time plan, runs the de
 
 Results: the worker appends one JSON line per event; the parent folds them into ``--out`` after
 every variant, so a run cut off from outside still leaves its JSON. The whole run keeps within
-``--budget-s``, each (op, shape) getting an even share of the time left when it starts.
+``--budget-s``, each (op, shape), and within it each kernel, getting an even share of the time left
+when it starts (variants not tried for lack of time are counted as 'untried').
 ``--fake``: TRITON_INTERPRET=1 on the CPU, float32, tiny shapes, wall-clock timing: it exercises
 this script's logic (and the overrides, which the interpreter honours for tiles), not the GPU.
 """
@@ -59,8 +60,11 @@ FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
 TILES = (32, 64, 128)
 WARPS = (4, 8)
 STAGES = (1, 2, 3)
-# A test hook: the worker dies (os._exit) when it starts this "stage:variant" (exercises the restart path).
+# Test hooks, comma-separated: "stage:variant" makes the worker die (os._exit) there, "cuda:stage:variant"
+# raise a CUDA error there (exercises the restart paths).
 CRASH_ENV = "FLA_GEN_SWEEP_TEST_CRASH"
+# A worker's exit status after a CUDA error it recorded (the context is unusable): the parent restarts it.
+FATAL_RC = 3
 
 
 def vkey(cfg: dict) -> str:
@@ -100,10 +104,11 @@ def variants(default: dict, K: int, V: int, limit: int, extra: list[dict] | None
 
 
 def classify(e: BaseException) -> str:
+    """'out_of_resources', 'compile_error' or 'error' for an exception of a variant's first call."""
     text = f"{type(e).__name__} {e}".lower()
     if "outofresources" in text or "out of resource" in text:
         return "out_of_resources"
-    if "compil" in text or type(e).__module__.startswith("triton"):
+    if "compil" in text or "ptxas" in text or type(e).__module__.startswith("triton"):
         return "compile_error"
     return "error"
 
@@ -221,9 +226,10 @@ def worker(spec: dict) -> int:
     log(event="plan", package=kernel_prefix, arch=arch, chunk_size=plan.chunk_size,
         kernels={s: {f: getattr(c, f) for f in FIELDS} | {"reason": c.reason} for s, c in plan.kernels})
     stages = spec["stages"] or [s for s, _ in plan.kernels if s != "cumsum"]
-    skip = set(spec.get("skip", []))
+    skip = set(spec.get("skip", []))  # "stage:variant" done by an earlier worker of this (op, shape)
+    timed = set(spec.get("timed", []))  # stages whose default an earlier worker timed
     expected: dict[str, list] = {}
-    crash_at = os.environ.get(CRASH_ENV)
+    crash_at = os.environ.get(CRASH_ENV, "").split(",")
 
     def measure(stage: str, mode: str) -> dict:
         grads = args if mode == "fwdbwd" else ()
@@ -236,7 +242,10 @@ def worker(spec: dict) -> int:
             t.grad = None
         return r
 
-    for stage in stages:
+    stages = [st for st in stages if st not in spec.get("skip_stages", [])]
+    for j, stage in enumerate(stages):
+        # an even share of the worker's time left per kernel, so the last kernels are not starved
+        stage_deadline = time.time() + (spec["deadline"] - time.time()) / (len(stages) - j)
         if stage not in dict(plan.kernels):
             log(event="stage_error", stage=stage, error=f"plan has no kernel {stage!r}: {[s for s, _ in plan.kernels]}")
             continue
@@ -250,27 +259,33 @@ def worker(spec: dict) -> int:
             except Exception as e:
                 log(event="stage_error", stage=stage, error=f"default plan failed: {_ops.err_text(e, 400)}")
                 if fatal_cuda(e):
-                    return 3
+                    return FATAL_RC
                 continue
         cfg = plan.config(stage)
         default = {f: getattr(cfg, f) for f in FIELDS}
-        log(event="default", stage=stage, mode=mode, cfg=default, **measure(stage, mode))
-        extra = spec.get("extra", {}).get(stage, [])
-        for var in variants(default, K, V, spec["max_variants"], extra):
+        todo = [v for v in variants(default, K, V, spec["max_variants"], spec.get("extra", {}).get(stage, []))
+                if f"{stage}:{vkey(v)}" not in skip]
+        if not todo and stage in timed:
+            continue
+        log(event="default", stage=stage, mode=mode, cfg=default, planned=len(todo), **measure(stage, mode))
+        for n, var in enumerate(todo):
             key = vkey(var)
-            if f"{stage}:{key}" in skip:
-                continue
             if time.time() > spec["deadline"] - spec["min_left_s"]:
-                log(event="budget", stage=stage)
+                log(event="budget", stage=stage, untried=len(todo) - n)
                 return 0
+            if time.time() > stage_deadline - 2:
+                log(event="stage_budget", stage=stage, untried=len(todo) - n)
+                break
             log(event="start", stage=stage, variant=key)
-            if crash_at == f"{stage}:{key}":
+            if f"{stage}:{key}" in crash_at:
                 os._exit(7)
             changed = {f: v for f, v in var.items() if v != default.get(f)}
             rec = {"event": "result", "stage": stage, "mode": mode, "variant": key, "cfg": var}
             t0 = time.perf_counter()
             try:
                 with overridden_plans({stage: changed}):
+                    if f"cuda:{stage}:{key}" in crash_at:
+                        raise RuntimeError("CUDA error: an illegal memory access was encountered (test hook)")
                     got = outputs(mode)  # compiles here
                     rec["first_s"] = round(time.perf_counter() - t0, 2)
                     errs = [_ops.rel_err(a, b) for a, b in zip(got, expected[mode], strict=True)]
@@ -287,7 +302,7 @@ def worker(spec: dict) -> int:
                 if fatal_cuda(e):
                     rec["status"] = "crash"
                     log(**rec)
-                    return 3
+                    return FATAL_RC
             log(**rec)
     log(event="done")
     return 0
@@ -318,6 +333,8 @@ def fold(lines: list[dict], op: str, shape: str) -> list[dict]:
             row["variants"].append({"variant": rec["variant"], "status": rec["status"], "error": rec.get("error")})
         elif ev == "stage_error":
             row["error"] = rec["error"]
+        if ev in ("budget", "stage_budget") and stage in rows:
+            rows[stage]["untried"] = rec.get("untried", 0)
     for row in rows.values():
         _rank(row)
     return list(rows.values())
@@ -412,14 +429,13 @@ def run(args) -> dict:
             tag = f"{op}_{sstr}"
             path = workdir / f"{tag}.jsonl"
             info = report["workers"].setdefault(tag, {"starts": 0, "ended": []})
-            skip: list[str] = []
             while True:
                 if time.time() > task_deadline - args.min_left_s:
                     info["ended"].append("budget")
                     break
                 spec = {"op": op, "shape": sstr, "shape_t": list(shape), "seed": seed, "device": device,
                         "dtype": dtype, "quick": args.quick, "tol": args.tol, "stages": stages,
-                        "max_variants": args.max_variants, "extra": extra, "skip": skip,
+                        "max_variants": args.max_variants, "extra": extra, **_resume(_read_lines(path)),
                         "deadline": task_deadline, "min_left_s": args.min_left_s, "log": str(path)}
                 info["starts"] += 1
                 with open(workdir / f"{tag}.log", "a") as out:
@@ -459,12 +475,13 @@ def run(args) -> dict:
                     why = (f"no progress for {args.variant_timeout:.0f} s" if status == "timeout"
                            else f"worker exited with rc {rc}")
                     info["ended"].append(f"{status}: {why}")
-                    if pending is None:
+                    if pending is None and rc != FATAL_RC:
                         tail = (workdir / f"{tag}.log").read_text(errors="replace").strip().splitlines()[-8:]
                         info["log_tail"] = tail
                         break  # died outside a variant (import, default run): a restart would die again
-                    _Log(str(path))(event="lost", stage=pending[0], variant=pending[1], status=status, error=why)
-                    skip.append(f"{pending[0]}:{pending[1]}")
+                    if pending is not None:
+                        _Log(str(path))(event="lost", stage=pending[0], variant=pending[1], status=status,
+                                        error=why)
                     if info["starts"] >= args.max_restarts + 1:
                         info["ended"].append("too many restarts")
                         break
@@ -485,6 +502,13 @@ def run(args) -> dict:
             kill(state["proc"])
         save()
     return report
+
+
+def _resume(lines: list[dict]) -> dict:
+    """What a restarted worker skips: variants with an outcome, stages that failed, stages already timed."""
+    return {"skip": sorted({f"{r['stage']}:{r['variant']}" for r in lines if r.get("event") in ("result", "lost")}),
+            "skip_stages": sorted({r["stage"] for r in lines if r.get("event") == "stage_error"}),
+            "timed": sorted({r["stage"] for r in lines if r.get("event") == "default"})}
 
 
 def _pending(lines: list[dict]) -> tuple[str, str] | None:
@@ -519,6 +543,8 @@ def render_table(report: dict) -> str:
         if best and d.get("op_ms") and best.get("op_ms"):
             op_pair = f"{_fmt(d['op_ms'])}/{_fmt(best['op_ms'])}"
         counts = ",".join(f"{k}:{n}" for k, n in sorted(r.get("counts", {}).items())) or "-"
+        if r.get("untried"):
+            counts += f",untried:{r['untried']}"
         body.append([r["op"], r["shape"], r["stage"], r.get("mode", "-"),
                      vkey(d["cfg"]) if d.get("cfg") else r.get("error", "-"),
                      _fmt(d.get(metric)), r.get("best") or "-", _fmt(best.get(metric)) if best else "-",
@@ -620,7 +646,7 @@ def parse_args(argv=None):
     p.add_argument("--min-left-s", type=float, default=15.0, help="start no variant with less time than this left")
     p.add_argument("--variant-timeout", type=float, default=150.0,
                    help="kill a worker that reports nothing for this long (seconds)")
-    p.add_argument("--max-restarts", type=int, default=4, help="worker restarts per (op, shape) after crashes")
+    p.add_argument("--max-restarts", type=int, default=6, help="worker restarts per (op, shape) after crashes")
     p.add_argument("--quick", action="store_true", help="short do_bench (5 ms warm-up, 20 ms repeats)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default=None, help="default cuda (cpu with --fake)")

@@ -30,9 +30,10 @@ def test_variants_nearest_first_within_the_head_dim():
 
 def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     out = tmp_path / "sweep.json"
-    env = dict(os.environ, **{sweep_plans.CRASH_ENV: "fwd_o:bk64_bv64_w4_s3"})
+    # variants in order: bv48 (extra), s3, bk32, bv32, s1; the worker dies at bk32, hits a CUDA error at bv32
+    env = dict(os.environ, **{sweep_plans.CRASH_ENV: "fwd_o:bk32_bv64_w4_s2,cuda:fwd_o:bk64_bv32_w4_s2"})
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "sweep_plans.py"), "--fake", "--quick",
-           "--ops", "linear_attn", "--shapes", "1x40x1x64", "--stages", "fwd_o", "--max-variants", "4",
+           "--ops", "linear_attn", "--shapes", "1x20x1x64", "--stages", "fwd_o", "--max-variants", "5",
            "--extra-variants", json.dumps({"fwd_o": [{"block_v": 48}]}), "--budget-s", "200",
            "--out", str(out), "--workdir", str(tmp_path / "wd")]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO_ROOT)
@@ -42,14 +43,17 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     assert (row["op"], row["stage"], row["mode"]) == ("linear_attn", "fwd_o", "fwd")
     assert row["default"]["cfg"] == {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2}
     status = {v["variant"]: v["status"] for v in row["variants"]}
+    assert len(status) == len(row["variants"]) == 5  # each once: a restarted worker skips what is done
     assert status["bk64_bv48_w4_s2"] == "error"  # refused by the dispatcher, the sweep goes on
-    assert status["bk64_bv64_w4_s3"] == "crash"  # the worker died there and was restarted after it
+    assert status["bk32_bv64_w4_s2"] == "crash"  # the worker died there and was restarted after it
+    assert status["bk64_bv32_w4_s2"] == "crash"  # a CUDA error: recorded, then a fresh worker
     ok = [v for v in row["variants"] if v["status"] == "ok"]
-    assert len(ok) == 2 and all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 for v in ok)
-    assert report["workers"]["linear_attn_1x40x1x64"]["starts"] == 2
+    assert [v["variant"] for v in ok] == ["bk64_bv64_w4_s3", "bk64_bv64_w4_s1"]
+    assert all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 for v in ok)
+    assert report["workers"]["linear_attn_1x20x1x64"]["starts"] == 3
     assert row["best"] in {v["variant"] for v in ok} and row["speedup"] > 0
     table = sweep_plans.render_table(report)
-    assert "fwd_o" in table and "bk64_bv64_w4_s3: crash" in table and "block_v must be a power of two" in table
+    assert "fwd_o" in table and "bk32_bv64_w4_s2: crash" in table and "block_v must be a power of two" in table
 
 
 def _report(rows):
