@@ -185,16 +185,17 @@ _DTYPE_ALIASES = (("fp16", "bf16"),)
 def _plan_rows(plans: tuple[Plan, ...]) -> dict:
     """Split a plan table into the rows written out in full and the rows equal to another dtype's
     row but for the dtype (fp16 = bf16 unless a measured entry tells them apart), which the
-    package rebuilds with ``same_plans_as``: {"plans": [...], "aliases": [{"dtype", "source", "targets"}]}."""
+    package rebuilds with ``same_plans_as``: {"plans": [...], "aliases": [{"dtype", "source", "unless"}]},
+    ``unless`` the (arch, head dim) of the source rows that have no equal row of ``dtype``."""
     by_key = {(p.arch, p.dtype, p.head_dim): p for p in plans}
-    aliases = []
+    aliases, aliased = [], set()
     for dtype, source in _DTYPE_ALIASES:
-        targets = [(p.arch, p.head_dim) for p in plans if p.dtype == dtype
-                   and (src := by_key.get((p.arch, source, p.head_dim))) is not None
-                   and dataclasses.replace(src, dtype=dtype) == p]
-        if targets:
-            aliases.append({"dtype": dtype, "source": source, "targets": targets})
-    aliased = {(a, al["dtype"], hd) for al in aliases for a, hd in al["targets"]}
+        same = {(p.arch, p.head_dim) for p in plans if p.dtype == source
+                and by_key.get((p.arch, dtype, p.head_dim)) == dataclasses.replace(p, dtype=dtype)}
+        if same:
+            unless = [(p.arch, p.head_dim) for p in plans if p.dtype == source and (p.arch, p.head_dim) not in same]
+            aliases.append({"dtype": dtype, "source": source, "unless": unless})
+            aliased |= {(a, dtype, hd) for a, hd in same}
     full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
     return {"plans": full, "aliases": aliases}
 

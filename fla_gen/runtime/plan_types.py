@@ -52,8 +52,9 @@ class Plan:
 
 
 def same_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, dtype: str,
-                  targets: tuple[tuple[str, int], ...]) -> dict[tuple[str, str, int], Plan]:
-    """The rows (arch, ``dtype``, head dim) for each (arch, head dim) in ``targets``: the ``source``
-    dtype's plan with only its dtype changed (generated tables write fp16 rows this way when
-    they equal the bf16 ones: the planner's rules depend on the element size, not the format)."""
-    return {(arch, dtype, hd): dataclasses.replace(plans[(arch, source, hd)], dtype=dtype) for arch, hd in targets}
+                  unless: tuple[tuple[str, int], ...] = ()) -> dict[tuple[str, str, int], Plan]:
+    """A ``dtype`` row for every ``source`` row of ``plans`` whose (arch, head dim) is not in ``unless``:
+    the same plan with only its dtype changed (generated tables write fp16 rows this way when they
+    equal the bf16 ones: the planner's rules depend on the element size, not the format)."""
+    return {(arch, dtype, hd): dataclasses.replace(p, dtype=dtype)
+            for (arch, d, hd), p in plans.items() if d == source and (arch, hd) not in unless}

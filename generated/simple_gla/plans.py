@@ -6,6 +6,7 @@ dispatcher picks a row by the device's arch, the dtype and the padded head dim.
 """
 
 from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_plans_as
+
 # chunk_scalar_gate: the chunked kernels
 CHUNK_PLANS = {
     ("sm80", "bf16", 64): Plan(
@@ -429,24 +430,8 @@ CHUNK_PLANS = {
         ),
     ),
 }
-# fp16 rows equal to the bf16 rows but for the dtype (same element size), at these (arch, head dim):
-CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", (
-    ("sm80", 64),
-    ("sm80", 128),
-    ("sm80", 256),
-    ("sm86", 64),
-    ("sm86", 128),
-    ("sm86", 256),
-    ("sm89", 64),
-    ("sm89", 128),
-    ("sm89", 256),
-    ("sm90", 64),
-    ("sm90", 128),
-    ("sm90", 256),
-    ("sm100", 64),
-    ("sm100", 128),
-    ("sm100", 256),
-)))
+# fp16 rows: the bf16 rows but for the dtype (same element size).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16"))
 
 # fused_recurrent_gated: the decode kernels
 RECURRENT_PLANS = {
@@ -751,22 +736,6 @@ RECURRENT_PLANS = {
         ),
     ),
 }
-# fp16 rows equal to the bf16 rows but for the dtype (same element size), at these (arch, head dim):
-RECURRENT_PLANS.update(same_plans_as(RECURRENT_PLANS, "bf16", "fp16", (
-    ("sm80", 64),
-    ("sm80", 128),
-    ("sm80", 256),
-    ("sm86", 64),
-    ("sm86", 128),
-    ("sm86", 256),
-    ("sm89", 64),
-    ("sm89", 128),
-    ("sm89", 256),
-    ("sm90", 64),
-    ("sm90", 128),
-    ("sm90", 256),
-    ("sm100", 64),
-    ("sm100", 128),
-    ("sm100", 256),
-)))
+# fp16 rows: the bf16 rows but for the dtype (same element size).
+RECURRENT_PLANS.update(same_plans_as(RECURRENT_PLANS, "bf16", "fp16"))
 
