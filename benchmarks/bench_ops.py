@@ -406,10 +406,7 @@ def compare_saved(ours: dict, fla: dict) -> dict:
 
 
 def run(args) -> dict:
-    ops = [o for o in args.ops.split(",") if o]
-    for o in ops:
-        if o not in _ops.OPS:
-            raise SystemExit(f"unknown op {o!r}; known: {', '.join(_ops.OPS)}")
+    ops = _ops.parse_ops(args.ops)
     shapes = _ops.parse_shapes(args.shapes)
     libs = [x for x in args.libs.split(",") if x]
     modes = [m for m in args.modes.split(",") if m]
@@ -427,11 +424,7 @@ def run(args) -> dict:
 
     def save():
         report["elapsed_s"] = round(time.monotonic() - r.t0, 1)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.out + ".tmp"
-            Path(tmp).write_text(json.dumps(report, indent=1, default=str))
-            os.replace(tmp, args.out)
+        _ops.write_json(args.out, report)
 
     def on_term(signum, frame):
         r.kill_all()
@@ -797,11 +790,7 @@ def main(argv=None) -> int:
         print(render_table(json.loads(Path(args.render).read_text())))
         return 0
     report = run(args)
-    table = render_table(report)
-    if args.table:
-        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.table).write_text(table + "\n")
-    print(table, flush=True)
+    _ops.print_table(render_table(report), args.table)
     return 0
 
 

@@ -372,10 +372,7 @@ def _read_lines(path: Path) -> list[dict]:
 
 
 def run(args) -> dict:
-    ops = [o for o in args.ops.split(",") if o]
-    for o in ops:
-        if o not in _ops.OPS:
-            raise SystemExit(f"unknown op {o!r}; known: {', '.join(_ops.OPS)}")
+    ops = _ops.parse_ops(args.ops)
     shapes = _ops.parse_shapes(args.shapes)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     device = "cpu" if args.fake else (args.device or "cuda")
@@ -397,11 +394,7 @@ def run(args) -> dict:
 
     def save():
         report["elapsed_s"] = round(time.monotonic() - t0, 1)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.out + ".tmp"
-            Path(tmp).write_text(json.dumps(report, indent=1, default=str))
-            os.replace(tmp, args.out)
+        _ops.write_json(args.out, report)
 
     def kill(proc):
         try:
@@ -677,11 +670,7 @@ def main(argv=None) -> int:
         print(propose(json.loads(Path(args.propose).read_text()), args.min_speedup, args.propose))
         return 0
     report = run(args)
-    table = render_table(report)
-    if args.table:
-        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.table).write_text(table + "\n")
-    print(table, flush=True)
+    _ops.print_table(render_table(report), args.table)
     return 0
 
 
