@@ -20,6 +20,9 @@ Per (op, shape) one worker process selects the op's build-time plan, runs the de
   default is re-timed before each kernel's variants, so clock drift between kernels cancels.
 - check: the variant's output (forward) or output and input gradients (forward+backward) against
   the default plan's on the same inputs, relative norm error <= ``--tol``; else 'mismatch'.
+- a variant whose launch (BK, BV, warps, stages as the launcher passes them: it clamps tiles to
+  the head dim, a whole-K kernel ignores block_k) equals the default's or an earlier variant's is
+  recorded as 'same_launch' and not timed.
 - failures are recorded with why: 'compile_error', 'out_of_resources' (shared memory / registers),
   'error' (e.g. an override the dispatcher refuses), 'mismatch', 'crash' (the worker died: it is
   restarted after that variant), 'timeout' (no progress for ``--variant-timeout`` s).
@@ -79,8 +82,11 @@ def stage_mode(stage: str) -> str:
 
 def variants(default: dict, K: int, V: int, limit: int, extra: list[dict] | None = None) -> list[dict]:
     """Full configs to try for one kernel, nearest the default first (fields changed, then log2
-    distance), at most ``limit``; ``extra`` (partial dicts over the default) go first."""
+    distance), at most ``limit``; ``extra`` (partial dicts over the default) go first. Tiles stay
+    within the padded head dims, as the launcher clamps them (the default too: 64 at K = 20 is 32)."""
     pk, pv = 1 << max(K - 1, 0).bit_length(), 1 << max(V - 1, 0).bit_length()
+    default = {**default, "block_k": min(default["block_k"], max(pk, 16)),
+               "block_v": min(default["block_v"], max(pv, 16))}
     seen = {vkey(default)}
     out = []
     for e in extra or []:
@@ -175,6 +181,34 @@ def _timers(device: str, quick: bool):
     return op_ms, kernel_ms
 
 
+LAUNCH_KEYS = ("BK", "BV", "num_warps", "num_stages")
+
+
+def recorded_launches(module, name: str, call):
+    """(call(), launches): each launch of kernel ``name`` of ``module`` during ``call`` as a tuple of
+    its LAUNCH_KEYS arguments, or None when the module has no such kernel. The launcher may clamp a
+    tile or ignore a field (a whole-K kernel takes BK = K): two configs with equal launches are one."""
+    kernel = getattr(module, name, None)
+    if kernel is None:
+        return call(), None
+    seen: list[tuple] = []
+
+    class _Recorder:
+        def __getitem__(self, grid):
+            launch = kernel[grid]
+
+            def go(*a, **kw):
+                seen.append(tuple(kw.get(k) for k in LAUNCH_KEYS))
+                return launch(*a, **kw)
+            return go
+
+    setattr(module, name, _Recorder())
+    try:
+        return call(), tuple(seen)
+    finally:
+        setattr(module, name, kernel)
+
+
 def worker(spec: dict) -> int:
     import torch
 
@@ -223,6 +257,7 @@ def worker(spec: dict) -> int:
     op_ms, kernel_ms = _timers(device, spec["quick"])
     calls = {"fwd": fwd, "fwdbwd": fwdbwd}
     kernel_prefix = pkg.split(".")[-1]
+    module = sys.modules[fn.__module__]
     log(event="plan", package=kernel_prefix, arch=arch, chunk_size=plan.chunk_size,
         kernels={s: {f: getattr(c, f) for f in FIELDS} | {"reason": c.reason} for s, c in plan.kernels})
     stages = spec["stages"] or [s for s, _ in plan.kernels if s != "cumsum"]
@@ -267,7 +302,11 @@ def worker(spec: dict) -> int:
                 if f"{stage}:{vkey(v)}" not in skip]
         if not todo and stage in timed:
             continue
-        log(event="default", stage=stage, mode=mode, cfg=default, planned=len(todo), **measure(stage, mode))
+        kname = f"{kernel_prefix}_{stage}_kernel"
+        _, launch = recorded_launches(module, kname, lambda mode=mode: outputs(mode))
+        tried = {launch: "the default"} if launch else {}
+        log(event="default", stage=stage, mode=mode, cfg=default, planned=len(todo), launch=launch,
+            **measure(stage, mode))
         for n, var in enumerate(todo):
             key = vkey(var)
             if time.time() > spec["deadline"] - spec["min_left_s"]:
@@ -286,8 +325,16 @@ def worker(spec: dict) -> int:
                 with overridden_plans({stage: changed}):
                     if f"cuda:{stage}:{key}" in crash_at:
                         raise RuntimeError("CUDA error: an illegal memory access was encountered (test hook)")
-                    got = outputs(mode)  # compiles here
+                    got, launch = recorded_launches(module, kname, lambda mode=mode: outputs(mode))  # compiles
                     rec["first_s"] = round(time.perf_counter() - t0, 2)
+                    rec["launch"] = launch
+                    if launch and launch in tried:
+                        rec["status"] = "same_launch"
+                        rec["error"] = f"launched as {tried[launch]}: {dict(zip(LAUNCH_KEYS, launch[0], strict=True))}"
+                        log(**rec)
+                        continue
+                    if launch:
+                        tried[launch] = key
                     errs = [_ops.rel_err(a, b) for a, b in zip(got, expected[mode], strict=True)]
                     rec["max_err"] = max(errs)
                     del got

@@ -26,15 +26,19 @@ def test_variants_nearest_first_within_the_head_dim():
         "bk64_bv64_w4_s3"}
     first = sweep_plans.variants(DEFAULT, K=64, V=64, limit=3, extra=[{"num_warps": 2}, {}])
     assert sweep_plans.vkey(first[0]) == "bk64_bv64_w2_s2" and len(first) == 3  # the default itself is dropped
+    small = sweep_plans.variants(DEFAULT, K=20, V=64, limit=100)  # tiles clamp to 32 on K: so does the default
+    assert all(v["block_k"] == 32 for v in small) and "bk32_bv64_w4_s2" not in map(sweep_plans.vkey, small)
 
 
 def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     out = tmp_path / "sweep.json"
-    # variants in order: bv48 (extra), s3, bk32, bv32, s1; the worker dies at bk32, hits a CUDA error at bv32
-    env = dict(os.environ, **{sweep_plans.CRASH_ENV: "fwd_o:bk32_bv64_w4_s2,cuda:fwd_o:bk64_bv32_w4_s2"})
+    # K = 20: the launcher clamps block_k to 32 (the default's 64 too), so bk128 launches as the default.
+    # Variants in order: bv48, bk128 (extra), then around (32, 64, 4, 2): s3, bv32, s1, w8; the worker dies
+    # at bv32 and hits a CUDA error at s1.
+    env = dict(os.environ, **{sweep_plans.CRASH_ENV: "fwd_o:bk32_bv32_w4_s2,cuda:fwd_o:bk32_bv64_w4_s1"})
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "sweep_plans.py"), "--fake", "--quick",
-           "--ops", "linear_attn", "--shapes", "1x20x1x64", "--stages", "fwd_o", "--max-variants", "5",
-           "--extra-variants", json.dumps({"fwd_o": [{"block_v": 48}]}), "--budget-s", "200",
+           "--ops", "linear_attn", "--shapes", "1x20x1x20x64", "--stages", "fwd_o", "--max-variants", "6",
+           "--extra-variants", json.dumps({"fwd_o": [{"block_v": 48}, {"block_k": 128}]}), "--budget-s", "200",
            "--out", str(out), "--workdir", str(tmp_path / "wd")]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -43,17 +47,18 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     assert (row["op"], row["stage"], row["mode"]) == ("linear_attn", "fwd_o", "fwd")
     assert row["default"]["cfg"] == {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2}
     status = {v["variant"]: v["status"] for v in row["variants"]}
-    assert len(status) == len(row["variants"]) == 5  # each once: a restarted worker skips what is done
-    assert status["bk64_bv48_w4_s2"] == "error"  # refused by the dispatcher, the sweep goes on
-    assert status["bk32_bv64_w4_s2"] == "crash"  # the worker died there and was restarted after it
-    assert status["bk64_bv32_w4_s2"] == "crash"  # a CUDA error: recorded, then a fresh worker
+    assert len(status) == len(row["variants"]) == 6  # each once: a restarted worker skips what is done
+    assert status["bk32_bv48_w4_s2"] == "error"  # refused by the dispatcher, the sweep goes on
+    assert status["bk128_bv64_w4_s2"] == "same_launch"  # not timed: it is the default's launch
+    assert status["bk32_bv32_w4_s2"] == "crash"  # the worker died there and was restarted after it
+    assert status["bk32_bv64_w4_s1"] == "crash"  # a CUDA error: recorded, then a fresh worker
     ok = [v for v in row["variants"] if v["status"] == "ok"]
-    assert [v["variant"] for v in ok] == ["bk64_bv64_w4_s3", "bk64_bv64_w4_s1"]
-    assert all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 for v in ok)
-    assert report["workers"]["linear_attn_1x20x1x64"]["starts"] == 3
+    assert [v["variant"] for v in ok] == ["bk32_bv64_w4_s3", "bk32_bv64_w8_s2"]
+    assert all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 and v["launch"][0][:2] == [32, 64] for v in ok)
+    assert report["workers"]["linear_attn_1x20x1x20x64"]["starts"] == 3
     assert row["best"] in {v["variant"] for v in ok} and row["speedup"] > 0
     table = sweep_plans.render_table(report)
-    assert "fwd_o" in table and "bk32_bv64_w4_s2: crash" in table and "block_v must be a power of two" in table
+    assert "fwd_o" in table and "bk32_bv32_w4_s2: crash" in table and "block_v must be a power of two" in table
 
 
 def _report(rows):
