@@ -5,7 +5,7 @@
 # not called). Knobs, as env vars before `bash`:
 #   OPS=gla,delta_rule   SHAPES=4x4096x16x128   SWEEP_S=540 (wall limit of the sweep)
 #   SWEEP_STAGES= (kernels, e.g. fwd_o,bwd_dv; default all but cumsum)   MAX_VARIANTS=8
-#   SWEEP_ARGS=... (extra flags, e.g. SWEEP_ARGS='--quick' or --extra-variants '{"fwd_o": [{"num_warps": 8}]}')
+#   EXTRA_VARIANTS='{"fwd_o": [{"num_warps": 8}]}' (tried first, as one argument)   SWEEP_ARGS=--quick (more flags)
 # Writes under $OUT: sweep.log, sweep.json (rewritten after every variant), sweep_table.txt,
 # sweep_proposals.txt (fla_gen/tuned.py entries for wins >= 3%).
 set -o pipefail
@@ -29,7 +29,8 @@ T0=$SECONDS
 } 2>&1 | tee "$LOG"
 
 stage_args=()
-[[ -n "$SWEEP_STAGES" ]] && stage_args=(--stages "$SWEEP_STAGES")
+[[ -n "$SWEEP_STAGES" ]] && stage_args+=(--stages "$SWEEP_STAGES")
+[[ -n "$EXTRA_VARIANTS" ]] && stage_args+=(--extra-variants "$EXTRA_VARIANTS")
 # The sweep stops starting variants 15 s before its budget; `timeout` is the backstop.
 # shellcheck disable=SC2086
 timeout -k 10 "$SWEEP_S" python3 benchmarks/sweep_plans.py --ops "$OPS" --shapes "$SHAPES" \
