@@ -21,9 +21,12 @@ Input distributions (documented choice, fixed for every run; the seed changes):
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +64,33 @@ OPS: dict[str, OpSpec] = {
 }
 
 DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "dplr_delta_rule", "rwkv7"}
+
+
+# Named shape lists for --shapes. issue7: the targets of project issue 7 (B x T x H x D, K = V = D).
+SHAPE_PRESETS = {
+    "issue7": ("4x4096x16x128", "8x2048x32x64", "1x16384x16x128", "2x8192x8x256"),
+}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int, int]]:
+    """'4x4096x16x128,issue7,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
+    duplicates dropped, order kept."""
+    out: list[tuple[int, int, int, int, int]] = []
+    for item in (x.strip() for x in text.split(",")):
+        for s in SHAPE_PRESETS.get(item, (item,) if item else ()):
+            shape = parse_shape(s)
+            if shape not in out:
+                out.append(shape)
+    return out
+
+
+def parse_ops(text: str) -> list[str]:
+    """'gla,delta_rule' -> ['gla', 'delta_rule']; SystemExit naming an unknown op."""
+    ops = [o for o in text.split(",") if o]
+    for o in ops:
+        if o not in OPS:
+            raise SystemExit(f"unknown op {o!r}; known: {', '.join(OPS)}")
+    return ops
 
 
 def parse_shape(s: str) -> tuple[int, int, int, int, int]:
@@ -290,6 +320,24 @@ class _FakeRefusal:
         if len(args) < 4 or args[3] is None:  # fla refuses only with a per-token gate g
             return o, ht
         return _RefusingBackward.apply(o), ht
+
+
+def print_table(table: str, path: str | None) -> None:
+    """Print a result table, and also write it to ``path`` when given (the device runs bring it back)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(table + "\n")
+    print(table, flush=True)
+
+
+def write_json(path: str | None, obj) -> None:
+    """Write ``obj`` as JSON atomically (a run killed mid-write leaves the previous file)."""
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = path + ".tmp"
+    Path(tmp).write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
 
 
 def sync(device) -> None:

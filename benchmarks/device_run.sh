@@ -3,8 +3,8 @@
 #
 # Device tool: command `bash benchmarks/device_run.sh`, carry [".whl"], timeout_s 600.
 # (.whl holds fla_core-0.6.0 + einops; see benchmarks/README.md.) Knobs, as env vars before `bash`:
-#   OPS=linear_attn,simple_gla,gla   SHAPES=4x4096x16x128   STAGES="check bench" (also: field, the
-#   RWKV-7 + cu_seqlens call of benchmarks/rwkv7_field_call.py, run first)
+#   OPS=linear_attn,simple_gla,gla   SHAPES=4x4096x16x128 (or issue7: its four shapes)   STAGES="check bench"
+#   (also: field, the RWKV-7 + cu_seqlens call of benchmarks/rwkv7_field_call.py, run first)
 #   CHECK_S=120 (gpu_check wall limit)   BENCH_S=450 (bench_ops wall limit); keep their sum <= ~570
 #   FLA_JOBS=3 (fla first calls = compile + autotune, run 3 at a time: ~5 min instead of ~8)
 #   LIBS=sdpa,ours,fla   CHECK_ARGS=... BENCH_ARGS=... (extra flags, e.g. BENCH_ARGS=--quick)

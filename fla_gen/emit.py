@@ -7,6 +7,7 @@ compiler give byte-identical files.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
+from fla_gen.runtime.plan_types import Plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -176,6 +178,28 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
 
+# Dtypes whose plans usually equal another dtype's (same element size): emitted as aliases when equal.
+_DTYPE_ALIASES = (("fp16", "bf16"),)
+
+
+def _plan_rows(plans: tuple[Plan, ...]) -> dict:
+    """Split a plan table into the rows written out in full and the rows equal to another dtype's
+    row but for the dtype (fp16 = bf16 unless a measured entry tells them apart), which the
+    package rebuilds with ``same_plans_as``: {"plans": [...], "aliases": [{"dtype", "source", "unless"}]},
+    ``unless`` the (arch, head dim) of the source rows that have no equal row of ``dtype``."""
+    by_key = {(p.arch, p.dtype, p.head_dim): p for p in plans}
+    aliases, aliased = [], set()
+    for dtype, source in _DTYPE_ALIASES:
+        same = {(p.arch, p.head_dim) for p in plans if p.dtype == source
+                and by_key.get((p.arch, dtype, p.head_dim)) == dataclasses.replace(p, dtype=dtype)}
+        if same:
+            unless = [(p.arch, p.head_dim) for p in plans if p.dtype == source and (p.arch, p.head_dim) not in same]
+            aliases.append({"dtype": dtype, "source": source, "unless": unless})
+            aliased |= {(a, dtype, hd) for a, hd in same}
+    full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
+    return {"plans": full, "aliases": aliases}
+
+
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     """Render every file of ``generated/<op>/`` for a canonical recurrence."""
     env = _environment(str(TEMPLATES_DIR))
@@ -191,9 +215,10 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     })
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
-        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels", "plans": plan_table(rec, chunk_algo)},
+        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
+         **_plan_rows(plan_table(rec, chunk_algo))},
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
-         "plans": plan_table(rec, recurrent_algo)},
+         **_plan_rows(plan_table(rec, recurrent_algo))},
     ]
     pkg = rec.spec.package
     return (

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from fla_gen.canonical import Recurrence
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
+from fla_gen.tuned import tuned_config
 
 
 @dataclass(frozen=True)
@@ -349,7 +350,8 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
 
 
 def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int) -> Plan:
-    """The Plan of one algorithm for (arch, dtype, head-dim bucket)."""
+    """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
+    measured entry of fla_gen/tuned.py for the same kernel and target."""
     if arch_name not in ARCHS:
         raise PlanError(f"unknown arch {arch_name!r}; known: {', '.join(ARCHS)}")
     if dtype not in DTYPES:
@@ -362,7 +364,9 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
         bt, bt_why = 1, "token by token"
-    kernels = tuple((k.stage, plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
+    # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
+    kernels = tuple((k.stage, tuned_config(arch_name, algo.name, k.stage, dtype, bucket)
+                     or plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels)
 
 

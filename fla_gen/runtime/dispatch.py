@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -44,11 +47,95 @@ def arch_of(device: torch.device) -> str:
 
 def select_plan(plans: dict[tuple[str, str, int], Plan], device: torch.device, dtype: torch.dtype,
                 head_dim: int) -> Plan:
-    """The plan for (arch of ``device``, ``dtype``, smallest bucket holding ``head_dim``)."""
+    """The plan for (arch of ``device``, ``dtype``, smallest bucket holding ``head_dim``), with any
+    active plan override applied (``overridden_plans``, ``FLA_GEN_PLAN_OVERRIDE``)."""
     bucket = head_dim_bucket(head_dim)
     key = (arch_of(device), _DTYPE_NAMES[dtype], bucket)
     if key not in plans:
         others = sorted({d for a, d, b in plans if a == key[0] and b == bucket})
         raise ValueError(f"no plan for {key[1]} inputs at head dim <= {bucket} on {key[0]}: the kernels do not fit its "
                          f"shared memory; use {' or '.join(others) or 'a smaller head dim'}")
-    return plans[key]
+    return apply_plan_override(plans[key])
+
+
+# ----------------------------------------------------------------------------- experiments
+
+# The LaunchConfig fields an experiment may change; the chunk size and the reasons stay the planner's.
+OVERRIDE_FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
+OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"
+
+_override: dict[str, dict[str, int]] | None = None
+_env_cache: tuple[str, dict[str, dict[str, int]]] | None = None
+
+
+def parse_plan_override(overrides: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Check ``{stage: {field: value}}`` (fields from OVERRIDE_FIELDS, positive ints; tiles powers of
+    two >= 16) and return a plain copy; ValueError names the bad stage or field."""
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"plan override: expected {{stage: {{field: value}}}}, got {type(overrides).__name__}")
+    out: dict[str, dict[str, int]] = {}
+    for stage, fields in overrides.items():
+        if not isinstance(fields, Mapping) or not fields:
+            raise ValueError(f"plan override of kernel {stage!r}: expected a non-empty {{field: value}} mapping")
+        for name, value in fields.items():
+            if name not in OVERRIDE_FIELDS:
+                raise ValueError(f"plan override of kernel {stage!r}: unknown field {name!r}; "
+                                 f"known: {', '.join(OVERRIDE_FIELDS)}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan override of kernel {stage!r}: {name} must be a positive int, got {value!r}")
+            if name.startswith("block") and (value < 16 or value & (value - 1)):
+                raise ValueError(f"plan override of kernel {stage!r}: {name} must be a power of two >= 16 "
+                                 f"(tl.dot tiles), got {value}")
+        out[str(stage)] = dict(fields)
+    return out
+
+
+@contextlib.contextmanager
+def overridden_plans(overrides: Mapping[str, Mapping[str, int]]) -> Iterator[None]:
+    """Launch kernels with changed LaunchConfig fields, for benchmarks that try plan variants
+    without rebuilding: ``with overridden_plans({"fwd_o": {"block_v": 64, "num_warps": 8}}): op(...)``.
+
+    Applies to every plan selected inside the block (the backward uses the plan its forward
+    selected); every named kernel must be in that plan (ValueError otherwise). Takes precedence
+    over the ``FLA_GEN_PLAN_OVERRIDE`` environment variable (the same mapping as JSON).
+    """
+    global _override
+    parsed = parse_plan_override(overrides)
+    previous, _override = _override, parsed
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+def _active_override() -> dict[str, dict[str, int]] | None:
+    global _env_cache
+    if _override is not None:
+        return _override
+    text = os.environ.get(OVERRIDE_ENV)
+    if not text:
+        return None
+    if _env_cache is None or _env_cache[0] != text:
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{OVERRIDE_ENV} is not JSON ({e}): {text!r}") from None
+        _env_cache = (text, parse_plan_override(parsed))
+    return _env_cache[1]
+
+
+def apply_plan_override(plan: Plan) -> Plan:
+    """``plan`` with the active override's fields replaced (reasons marked), or ``plan`` itself."""
+    override = _active_override()
+    if not override:
+        return plan
+    stages = [name for name, _ in plan.kernels]
+    unknown = sorted(set(override) - set(stages))
+    if unknown:
+        raise ValueError(f"plan override names kernel(s) {unknown} that this op's plan does not have; known: {stages}")
+    kernels = tuple(
+        (name, dataclasses.replace(cfg, **override[name], reason=f"override {override[name]} ({cfg.reason})"))
+        if name in override else (name, cfg)
+        for name, cfg in plan.kernels
+    )
+    return dataclasses.replace(plan, kernels=kernels)

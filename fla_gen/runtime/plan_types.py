@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # Plans are tabulated per padded head dim: the smallest bucket that holds max(K, V).
@@ -48,3 +49,12 @@ class Plan:
             if name == stage:
                 return cfg
         raise KeyError(f"plan has no kernel {stage!r}; known: {[n for n, _ in self.kernels]}")
+
+
+def same_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, dtype: str,
+                  unless: tuple[tuple[str, int], ...] = ()) -> dict[tuple[str, str, int], Plan]:
+    """A ``dtype`` row for every ``source`` row of ``plans`` whose (arch, head dim) is not in ``unless``:
+    the same plan with only its dtype changed (generated tables write fp16 rows this way when they
+    equal the bf16 ones: the planner's rules depend on the element size, not the format)."""
+    return {(arch, dtype, hd): dataclasses.replace(p, dtype=dtype)
+            for (arch, d, hd), p in plans.items() if d == source and (arch, hd) not in unless}

@@ -5,64 +5,10 @@ and pipeline stages per kernel, each with the planner's reason. No run-time auto
 dispatcher picks a row by the device's arch, the dtype and the padded head dim.
 """
 
-from fla_gen.runtime.plan_types import LaunchConfig, Plan
+from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_plans_as
 
 # chunk_delta: the chunked kernels
 CHUNK_PLANS = {
-    ("sm80", "fp16", 64): Plan(
-        "sm80", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm80", "fp16", 128): Plan(
-        "sm80", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~116 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm80", "fp16", 256): Plan(
-        "sm80", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~74 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~108 KB of 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
     ("sm80", "bf16", 64): Plan(
         "sm80", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
@@ -153,42 +99,6 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 1 stage(s): ~112 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
-    ("sm86", "fp16", 64): Plan(
-        "sm86", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~48 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm86", "fp16", 128): Plan(
-        "sm86", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~44 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~64 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
     ("sm86", "bf16", 64): Plan(
         "sm86", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
@@ -209,42 +119,6 @@ CHUNK_PLANS = {
     ),
     ("sm86", "bf16", 128): Plan(
         "sm86", "bf16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~44 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~64 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm89", "fp16", 64): Plan(
-        "sm89", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~48 KB of 99 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm89", "fp16", 128): Plan(
-        "sm89", "fp16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -295,60 +169,6 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm90", "fp16", 64): Plan(
-        "sm90", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm90", "fp16", 128): Plan(
-        "sm90", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~116 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm90", "fp16", 256): Plan(
-        "sm90", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~140 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~108 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm90", "bf16", 64): Plan(
@@ -439,60 +259,6 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~176 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 64): Plan(
-        "sm100", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 128): Plan(
-        "sm100", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=2,
-                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~116 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 256): Plan(
-        "sm100", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
-        kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~140 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~108 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm100", "bf16", 64): Plan(
@@ -586,39 +352,11 @@ CHUNK_PLANS = {
         ),
     ),
 }
+# fp16 rows: the bf16 rows but for the dtype (same element size).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16"))
 
 # fused_recurrent_delta: the decode kernels
 RECURRENT_PLANS = {
-    ("sm80", "fp16", 64): Plan(
-        "sm80", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm80", "fp16", 128): Plan(
-        "sm80", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm80", "fp16", 256): Plan(
-        "sm80", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm80", "bf16", 64): Plan(
         "sm80", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -671,36 +409,6 @@ RECURRENT_PLANS = {
     ),
     ("sm80", "fp32", 256): Plan(
         "sm80", "fp32", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 64): Plan(
-        "sm86", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 128): Plan(
-        "sm86", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 256): Plan(
-        "sm86", "fp16", 256, chunk_size=1,
         chunk_size_reason='token by token',
         kernels=(
             ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
@@ -769,36 +477,6 @@ RECURRENT_PLANS = {
                                  reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
         ),
     ),
-    ("sm89", "fp16", 64): Plan(
-        "sm89", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm89", "fp16", 128): Plan(
-        "sm89", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm89", "fp16", 256): Plan(
-        "sm89", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm89", "bf16", 64): Plan(
         "sm89", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -859,36 +537,6 @@ RECURRENT_PLANS = {
                                  reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
         ),
     ),
-    ("sm90", "fp16", 64): Plan(
-        "sm90", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm90", "fp16", 128): Plan(
-        "sm90", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm90", "fp16", 256): Plan(
-        "sm90", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm90", "bf16", 64): Plan(
         "sm90", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -941,36 +589,6 @@ RECURRENT_PLANS = {
     ),
     ("sm90", "fp32", 256): Plan(
         "sm90", "fp32", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 64): Plan(
-        "sm100", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 128): Plan(
-        "sm100", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 256): Plan(
-        "sm100", "fp16", 256, chunk_size=1,
         chunk_size_reason='token by token',
         kernels=(
             ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
@@ -1040,4 +658,6 @@ RECURRENT_PLANS = {
         ),
     ),
 }
+# fp16 rows: the bf16 rows but for the dtype (same element size).
+RECURRENT_PLANS.update(same_plans_as(RECURRENT_PLANS, "bf16", "fp16"))
 

@@ -5,64 +5,10 @@ and pipeline stages per kernel, each with the planner's reason. No run-time auto
 dispatcher picks a row by the device's arch, the dtype and the padded head dim.
 """
 
-from fla_gen.runtime.plan_types import LaunchConfig, Plan
+from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_plans_as
 
 # chunk_channel_gate: the chunked kernels
 CHUNK_PLANS = {
-    ("sm80", "fp16", 64): Plan(
-        "sm80", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason="64x64 tiles, 2 stage(s): ~56 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason="64x64 tiles, 2 stage(s): ~56 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~104 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm80", "fp16", 128): Plan(
-        "sm80", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason="64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason="64x64 tiles, 2 stage(s): ~56 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~104 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm80", "fp16", 256): Plan(
-        "sm80", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason="64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason="64x64 tiles, 2 stage(s): ~56 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~104 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
     ("sm80", "bf16", 64): Plan(
         "sm80", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
@@ -169,60 +115,6 @@ CHUNK_PLANS = {
                                  reason="64x64 tiles, 2 stage(s): ~112 KB of 163 KB shared memory; 2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)")),
             ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~112 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm86", "fp16", 64): Plan(
-        "sm86", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm86", "fp16", 128): Plan(
-        "sm86", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm86", "fp16", 256): Plan(
-        "sm86", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm86", "bf16", 64): Plan(
@@ -333,60 +225,6 @@ CHUNK_PLANS = {
                                  reason='32x32 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
-    ("sm89", "fp16", 64): Plan(
-        "sm89", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm89", "fp16", 128): Plan(
-        "sm89", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm89", "fp16", 256): Plan(
-        "sm89", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
     ("sm89", "bf16", 64): Plan(
         "sm89", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
@@ -495,44 +333,8 @@ CHUNK_PLANS = {
                                  reason='32x32 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
-    ("sm90", "fp16", 64): Plan(
-        "sm90", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
     ("sm90", "fp16", 128): Plan(
         "sm90", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm90", "fp16", 256): Plan(
-        "sm90", "fp16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
         kernels=(
             ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -576,11 +378,11 @@ CHUNK_PLANS = {
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason='tuned (fla_gen/tuned.py): one 128-wide V tile (no V loop around the [BT, BT] product), 2 stages, 4 warps, with fwd_o and bwd_dv changed together: measured on H100 2026-11-23 for chunk_gla at 4x4096x16x128 bf16, forward 1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms against two 64-wide V tiles (benchmarks/results/2026-11-23_h100_bench_gla_wide_v.json)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dv", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason='tuned (fla_gen/tuned.py): one 128-wide V tile (no V loop around the [BT, BT] product), 2 stages, 4 warps, with fwd_o and bwd_dv changed together: measured on H100 2026-11-23 for chunk_gla at 4x4096x16x128 bf16, forward 1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms against two 64-wide V tiles (benchmarks/results/2026-11-23_h100_bench_gla_wide_v.json)')),
             ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
@@ -655,60 +457,6 @@ CHUNK_PLANS = {
                                  reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~144 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 64): Plan(
-        "sm100", "fp16", 64, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~56 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 128): Plan(
-        "sm100", "fp16", 128, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-        ),
-    ),
-    ("sm100", "fp16", 256): Plan(
-        "sm100", "fp16", 256, chunk_size=64,
-        chunk_size_reason='64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1',
-        kernels=(
-            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='elementwise pass, nothing to pipeline')),
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_o", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dv", LaunchConfig(64, 128, num_warps=4, num_stages=2,
-                                 reason='64x128 tiles (one V tile: the [BT, BT] product is reused without a V loop), 2 stage(s): ~72 KB of 227 KB shared memory; 2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm100", "bf16", 64): Plan(
@@ -820,39 +568,13 @@ CHUNK_PLANS = {
         ),
     ),
 }
+# fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 128),
+)))
 
 # fused_recurrent_gated: the decode kernels
 RECURRENT_PLANS = {
-    ("sm80", "fp16", 64): Plan(
-        "sm80", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm80", "fp16", 128): Plan(
-        "sm80", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm80", "fp16", 256): Plan(
-        "sm80", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm80", "bf16", 64): Plan(
         "sm80", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -905,36 +627,6 @@ RECURRENT_PLANS = {
     ),
     ("sm80", "fp32", 256): Plan(
         "sm80", "fp32", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 64): Plan(
-        "sm86", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 128): Plan(
-        "sm86", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm86", "fp16", 256): Plan(
-        "sm86", "fp16", 256, chunk_size=1,
         chunk_size_reason='token by token',
         kernels=(
             ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
@@ -1003,36 +695,6 @@ RECURRENT_PLANS = {
                                  reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
         ),
     ),
-    ("sm89", "fp16", 64): Plan(
-        "sm89", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm89", "fp16", 128): Plan(
-        "sm89", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm89", "fp16", 256): Plan(
-        "sm89", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm89", "bf16", 64): Plan(
         "sm89", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -1093,36 +755,6 @@ RECURRENT_PLANS = {
                                  reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
         ),
     ),
-    ("sm90", "fp16", 64): Plan(
-        "sm90", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm90", "fp16", 128): Plan(
-        "sm90", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm90", "fp16", 256): Plan(
-        "sm90", "fp16", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
     ("sm90", "bf16", 64): Plan(
         "sm90", "bf16", 64, chunk_size=1,
         chunk_size_reason='token by token',
@@ -1175,36 +807,6 @@ RECURRENT_PLANS = {
     ),
     ("sm90", "fp32", 256): Plan(
         "sm90", "fp32", 256, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(256, 16, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 16-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 64): Plan(
-        "sm100", "fp16", 64, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(64, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 128): Plan(
-        "sm100", "fp16", 128, chunk_size=1,
-        chunk_size_reason='token by token',
-        kernels=(
-            ("recurrent_fwd", LaunchConfig(128, 64, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 64-wide blocks: ~2 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-            ("recurrent_bwd", LaunchConfig(128, 32, num_warps=4, num_stages=1,
-                                 reason='whole K in registers, V in 32-wide blocks: ~4 fp32 registers per state element stay under 128 per thread (no spills); more programs in flight')),
-        ),
-    ),
-    ("sm100", "fp16", 256): Plan(
-        "sm100", "fp16", 256, chunk_size=1,
         chunk_size_reason='token by token',
         kernels=(
             ("recurrent_fwd", LaunchConfig(256, 32, num_warps=4, num_stages=1,
@@ -1274,4 +876,6 @@ RECURRENT_PLANS = {
         ),
     ),
 }
+# fp16 rows: the bf16 rows but for the dtype (same element size).
+RECURRENT_PLANS.update(same_plans_as(RECURRENT_PLANS, "bf16", "fp16"))
 

@@ -1,0 +1,70 @@
+"""Measured plan choices: launch configs that a GPU sweep found faster than the planner's rules.
+
+The planner (plan.py) applies its rules first, then an entry here for the same (arch, algorithm,
+kernel stage, dtype, head-dim bucket) replaces the rule's LaunchConfig; ``fla-gen plan`` prints
+the entry's reason. Every entry must name its measurement: device, date, the two times and the
+command (``benchmarks/sweep_plans.py``, raw JSON in ``benchmarks/results/``). ``python
+benchmarks/sweep_plans.py --propose SWEEP.json`` prints entries for a sweep's wins, to paste here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fla_gen.runtime.plan_types import LaunchConfig
+
+
+@dataclass(frozen=True)
+class TunedPlan:
+    """One measured LaunchConfig for kernel ``stage`` of ``algorithm`` on ``arch`` for ``dtype``
+    inputs whose padded head dim is ``head_dim`` (a HEAD_DIM_BUCKETS value)."""
+
+    arch: str
+    algorithm: str
+    stage: str
+    dtype: str
+    head_dim: int
+    block_k: int
+    block_v: int
+    num_warps: int
+    num_stages: int
+    reason: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str, int]:
+        return (self.arch, self.algorithm, self.stage, self.dtype, self.head_dim)
+
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(self.block_k, self.block_v, self.num_warps, self.num_stages,
+                            f"tuned (fla_gen/tuned.py): {self.reason}")
+
+
+_GLA_WIDE_V = ("one 128-wide V tile (no V loop around the [BT, BT] product), 2 stages, 4 warps, with fwd_o and "
+               "bwd_dv changed together: measured on H100 2026-11-23 for chunk_gla at 4x4096x16x128 bf16, forward "
+               "1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms against two 64-wide V tiles "
+               "(benchmarks/results/2026-11-23_h100_bench_gla_wide_v.json)")
+
+TUNED: tuple[TunedPlan, ...] = (
+    # The wide-V experiment of benchmarks/RESULTS.md: it agrees with plan.py's wide_v rule, and pins
+    # the measured reason to the one target it was measured on.
+    TunedPlan("sm90", "chunk_channel_gate", "fwd_o", "bf16", 128, 64, 128, 4, 2, _GLA_WIDE_V),
+    TunedPlan("sm90", "chunk_channel_gate", "bwd_dv", "bf16", 128, 64, 128, 4, 2, _GLA_WIDE_V),
+)
+
+
+def index(entries: tuple[TunedPlan, ...] | None = None) -> dict[tuple[str, str, str, str, int], TunedPlan]:
+    """Entries (default: TUNED) by key; ValueError on two entries for one key (which measurement
+    wins would be unclear)."""
+    out: dict[tuple[str, str, str, str, int], TunedPlan] = {}
+    for e in TUNED if entries is None else entries:
+        if e.key in out:
+            raise ValueError(f"two tuned plans for {e.key}: keep one")
+        out[e.key] = e
+    return out
+
+
+def tuned_config(arch: str, algorithm: str, stage: str, dtype: str, head_dim: int,
+                 entries: tuple[TunedPlan, ...] | None = None) -> LaunchConfig | None:
+    """The measured LaunchConfig for one kernel and target, or None (the planner's rule stands)."""
+    e = index(entries).get((arch, algorithm, stage, dtype, head_dim))
+    return e.config() if e else None
