@@ -14,6 +14,7 @@ from fla_gen.plan import (
     HEAD_DIM_BUCKETS,
     PlanError,
     _smem_bytes,
+    bind_kernel_inputs,
     plan_algorithm,
     plan_table,
     select_algorithms,
@@ -36,7 +37,8 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.package == path.stem
-    assert rec.family == ("delta" if "delta" in path.stem else "gated")
+    expected = {"delta_rule": "delta", "gated_delta_rule": "delta", "dplr": "general_rank1", "rwkv7": "general_rank1"}
+    assert rec.family == expected.get(path.stem, "gated")
 
 
 def test_families_follow_structure_not_names():
@@ -103,8 +105,16 @@ def test_plan_errors():
         plan_algorithm(rec, algo, "sm70", "bf16", 128)
     with pytest.raises(PlanError, match="outside 1..256"):
         plan_algorithm(rec, algo, "sm90", "bf16", 512)
-    with pytest.raises(PlanError, match="no kernels yet for the .general_rank1. family"):
-        select_algorithms(canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b"))
+    dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
+    assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent_dplr"]
+    assert bind_kernel_inputs(dplr).names == ("q", "k", "v", "g", "a", "b")
+    assert bind_kernel_inputs(dplr).inputs == ("q", "k", "v", "gk", "a", "b")
+    scalar_gate = canon("update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)\n", "g", "a", "b")
+    with pytest.raises(PlanError, match="per-channel log gate"):
+        select_algorithms(scalar_gate)
+    scaled = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(beta * k, v)\n", "gk", "a", "b", "beta")
+    with pytest.raises(PlanError, match="plain inputs"):
+        bind_kernel_inputs(scaled)
 
 
 def test_combinations_that_do_not_fit_are_left_out_and_refused():
