@@ -150,6 +150,19 @@ def worker_op(spec: dict) -> None:
     except Exception as e:  # ImportError, AttributeError, anything raised at import
         res["missing"] = _ops.err_text(e)
         return
+    bound = spec.get("gate_lower_bound")
+    if bound is not None and not fake:
+        # ours: gate_lower_bound; fla-core 0.6.0's DPLR ops: lower_bound (both pick longer chunks with it)
+        import inspect
+
+        key = "gate_lower_bound" if spec["lib"] == "ours" else "lower_bound"
+        if key in inspect.signature(fn).parameters:
+            unbounded = fn
+
+            def fn(*a, **kw):
+                return unbounded(*a, **kw, **{key: bound})
+        else:
+            res["note"] = f"no {key} argument: run without a bound"
     res["import_s"] = round(time.perf_counter() - t_imp, 2)
     try:
         ref = _ops.resolve_ours(op, "reference", fake) if spec["ref_slice"] else None
@@ -438,7 +451,7 @@ def run(args) -> dict:
             "kind": "op", "lib": lib, "op": op, "mode": mode, "shape": _ops.shape_str(shape),
             "shape_t": list(shape), "seed": seed, "g_gamma": args.g_gamma, "quick": args.quick,
             "fake": args.fake, "device": device, "first_call": first_call, "measure": measure,
-            "dtype": args.dtype,
+            "dtype": args.dtype, "gate_lower_bound": args.gate_lower_bound,
             "ref_slice": not args.no_ref_slice, "tag": tag,
             "result": str(r.workdir / "res" / f"{tag}.json"),
             "save": str(r.workdir / "tensors" / f"{tag}.pt") if {"ours", "fla"} <= set(libs) else None,
@@ -761,6 +774,9 @@ def parse_args(argv=None):
     p.add_argument("--skip-first-call", action="store_true",
                    help="no fresh-cache first-call measurement (workers share one Triton cache)")
     p.add_argument("--g-gamma", action="store_true", help="simple_gla with a per-head g_gamma instead of g")
+    p.add_argument("--gate-lower-bound", type=float, default=None,
+                   help="pass this gate bound (ours: gate_lower_bound, fla: lower_bound) where the op takes one; "
+                        "the DPLR inputs of _ops.py have gates >= -0.6065")
     p.add_argument("--fla-jobs", type=int, default=1,
                    help="run fla's first calls (compile + autotune) this many at a time, then time alone")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per worker process")

@@ -27,6 +27,7 @@ def main() -> int:
     p.add_argument("--shape", default="4x4096x16x128")
     p.add_argument("--mode", default="chunk")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--gate-lower-bound", type=float, default=None, help="passed as gate_lower_bound")
     args = p.parse_args()
     op = _ops.OPS[args.op]
     shape = _ops.parse_shape(args.shape)
@@ -34,9 +35,10 @@ def main() -> int:
     x = _ops.make_inputs(op, shape, torch.bfloat16, "cuda", seed=0)  # (names, args, kwargs)
     _, leaves, _ = x
     scale = _ops.scale_for(op, shape[3])
+    extra = {} if args.gate_lower_bound is None else {"gate_lower_bound": args.gate_lower_bound}
 
     def step():
-        o, _ = fn(*leaves, scale=scale)
+        o, _ = fn(*leaves, scale=scale, **extra)
         o.backward(torch.ones_like(o))
 
     for _ in range(2):
@@ -54,7 +56,7 @@ def main() -> int:
             t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
             rows[e.key] = (e.count, t)
     total = sum(t for _, t in rows.values())
-    print(f"{args.op} {args.mode} {args.shape} bf16: fwd+bwd per iteration {total / args.iters / 1000:.3f} ms")
+    print(f"{args.op} {args.mode} {args.shape} bf16 {extra}: fwd+bwd per iteration {total / args.iters / 1000:.3f} ms")
     for name, (count, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:15]:
         print(f"  {name[:60]:60s} calls/it {count / args.iters:4.1f}  ms/it {t / args.iters / 1000:8.3f}  "
               f"{100 * t / total:5.1f}%")

@@ -31,10 +31,19 @@ class MatrixEntry:
     problems: tuple[str, ...]
 
 
-def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, K: int, V: int) -> None:
+# The gate lower bound of the "bounded" variants: inside every bounded plan's limit (about -2.6).
+_AOT_GATE_BOUND = -0.5
+
+
+def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, K: int, V: int,
+             bounded: bool = False) -> None:
     op = rec.spec.op
     B, T, H = (1, 192, 2) if varlen else (2, 128, 2)
     x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
+    extra = {}
+    if bounded:
+        x[rec.token_gate.input] = torch.zeros_like(x[rec.token_gate.input])
+        extra["gate_lower_bound"] = _AOT_GATE_BOUND
     N = 3 if varlen else B
     h0 = torch.zeros(N, H, K, V, requires_grad=True)
     leaves = [*x.values(), h0]
@@ -42,7 +51,7 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         t.requires_grad_(True)
     cu = torch.tensor([0, 64, 100, 192], dtype=torch.int32) if varlen else None
     o, ht = getattr(pkg, f"{mode}_{op}")(*[x[i.name] for i in rec.spec.inputs], initial_state=h0,
-                                         output_final_state=True, cu_seqlens=cu)
+                                         output_final_state=True, cu_seqlens=cu, **extra)
     torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 
 
@@ -60,4 +69,17 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
             variant = "varlen" if varlen else "dense"
             for report in compile_all(launches, [cap], jobs=jobs):
                 entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
+        # chunk ops with a plan for bounded gates (other kernels: FACTORED, 64-token chunks), where this
+        # target has one; with cu_seqlens on the last of varlen_caps
+        bounded = getattr(importlib.import_module(f"generated.{rec.spec.package}.plans"), "BOUNDED_CHUNK_PLANS", {})
+        if (ARCH_OF_CAP[cap], {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
+                head_dim) not in bounded:
+            continue
+        varlen = bool(varlen_caps) and cap == varlen_caps[-1]
+        with forced_arch(ARCH_OF_CAP[cap]):
+            launches = capture_launches(lambda v=varlen: _call_op(pkg, rec, "chunk", dtype, v, head_dim, head_dim,
+                                                                   bounded=True))
+        for report in compile_all(launches, [cap], jobs=jobs):
+            entries.append(MatrixEntry(rec.spec.op, "bounded_varlen" if varlen else "bounded", report,
+                                       tuple(check_report(report))))
     return entries

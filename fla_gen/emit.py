@@ -17,7 +17,7 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
-from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
+from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
 from fla_gen.runtime.plan_types import Plan
 
@@ -174,6 +174,10 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         ],
         "token_gate": rec.token_gate.kind if rec.token_gate else None,
         "head_gate": rec.head_gate is not None,
+        # the gate input whose lower bound selects BOUNDED_CHUNK_PLANS, or None
+        "bounded_gate": rec.token_gate.input if chunked and algo.bounded_chunk_size and rec.token_gate else None,
+        "bounded_chunk": algo.bounded_chunk_size,
+        "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
@@ -220,6 +224,11 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
          **_plan_rows(plan_table(rec, recurrent_algo))},
     ]
+    if chunk_algo.bounded_chunk_size:
+        plans_ctx["tables"].append(
+            {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound (tensor-core "
+             f"pairwise decays; used when the bound is at least the plan's gate_bound)",
+             **_plan_rows(plan_table(rec, chunk_algo, bounded=True))})
     pkg = rec.spec.package
     return (
         GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),

@@ -8,6 +8,7 @@ plan is fixed when the op is built, so a first call costs only Triton's compile.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fla_gen.canonical import Recurrence
@@ -77,6 +78,8 @@ class Algorithm:
     template: str
     kernels: tuple[KernelShape, ...]
     chunked: bool
+    # A second plan table at this chunk size for calls that pass a gate lower bound (0: none).
+    bounded_chunk_size: int = 0
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")))
@@ -153,7 +156,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
                                           ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS),
                    KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS)),
-                  chunked=True),
+                  chunked=True, bounded_chunk_size=32),
         Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
@@ -279,6 +282,18 @@ def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
     return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
 
 
+# exp(x) stays finite in fp32 (and in the bf16 / tf32 operands of a dot, which share its exponent
+# range) for x <= 88.7; fla's gate_bound_is_safe uses 124 in log2 units, i.e. x <= 85.95.
+_LARGEST_SAFE_EXPONENT = 124 * math.log(2)
+
+
+def gate_bound_for_chunk(chunk_size: int) -> float:
+    """The most negative per-token log gate for which a chunk of ``chunk_size`` tokens may build its
+    pairwise decays exp(G_t - G_s) as products exp(G_t - G_m) exp(G_m - G_s) around its middle row m:
+    each factor spans at most chunk_size / 2 + 1 tokens (fla-core 0.6.0, ``gate_bound_is_safe``)."""
+    return -_LARGEST_SAFE_EXPONENT / (chunk_size // 2 + 1)
+
+
 def _element_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
@@ -306,6 +321,11 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
     if rule := _arch_rule(shape.warps, arch):
         warps, warps_why = rule
+    if shape.pair_tiles and chunk_size > 16:
+        # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
+        return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
+                                              f"fp32 factor tiles: at 32 wide bwd_dqk spills ~100 B, fla-gen aot); "
+                                              f"{warps_why}")
     if shape.pair_tiles:
         return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks of entry-wise [BT, BT, 16] fp32 decay tiles, "
                                               f"nothing to pipeline; {warps_why}")
@@ -349,9 +369,11 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
-def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int) -> Plan:
+def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
+                   bounded: bool = False) -> Plan:
     """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
-    measured entry of fla_gen/tuned.py for the same kernel and target."""
+    measured entry of fla_gen/tuned.py for the same kernel and target. ``bounded``: the plan for calls
+    whose gates have a lower bound, at the algorithm's ``bounded_chunk_size``."""
     if arch_name not in ARCHS:
         raise PlanError(f"unknown arch {arch_name!r}; known: {', '.join(ARCHS)}")
     if dtype not in DTYPES:
@@ -360,25 +382,35 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
         raise PlanError(f"head dim {head_dim} is outside 1..256, the range these kernels tile")
     arch = ARCHS[arch_name]
     bucket = head_dim_bucket(head_dim)
-    if algo.chunked:
+    gate_bound = None
+    if bounded:
+        if not algo.bounded_chunk_size:
+            raise PlanError(f"{algo.name} has no plan for a gate lower bound")
+        bt = algo.bounded_chunk_size
+        gate_bound = gate_bound_for_chunk(bt)
+        bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
+                  f"middle row stays below e^86 (fla's gate_bound_is_safe), so the pairwise decays are "
+                  f"tensor-core dots")
+    elif algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
         bt, bt_why = 1, "token by token"
     # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
-    kernels = tuple((k.stage, tuned_config(arch_name, algo.name, k.stage, dtype, bucket)
+    kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
-    return Plan(arch_name, dtype, bucket, bt, bt_why, kernels)
+    return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 
 
-def plan_table(rec: Recurrence, algo: Algorithm) -> tuple[Plan, ...]:
+def plan_table(rec: Recurrence, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
     """Every (arch, dtype, head-dim bucket) plan of an algorithm that fits its target, in a fixed
-    order; a combination with no plan is left out, and a call that needs it is refused on the host."""
+    order; a combination with no plan is left out, and a call that needs it is refused on the host.
+    ``bounded``: the plans for calls with a gate lower bound (see plan_algorithm)."""
     plans = []
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in HEAD_DIM_BUCKETS:
                 try:
-                    plans.append(plan_algorithm(rec, algo, arch, dtype, hd))
+                    plans.append(plan_algorithm(rec, algo, arch, dtype, hd, bounded))
                 except PlanError:
                     continue
     return tuple(plans)

@@ -5,11 +5,15 @@ relative norm error, on fresh random inputs with realistic gates; T is not a mul
 the chunk size, K != V, H > 1; allocations are poisoned with NaN so unwritten elements fail.
 """
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fla_gen.sample import relative_error
+from fla_gen.plan import ALGORITHMS
+from fla_gen.runtime.dispatch import forced_arch
+from fla_gen.sample import relative_error, sample_inputs
 from fla_gen.verify import TOLERANCE, verify_op
 from tests.support import generated, poisoned_allocations, recurrence
 
@@ -69,3 +73,53 @@ def test_rwkv7_parameterisation(mode, dtype):
     assert all(e <= tol_fwd for e in errors.values()), errors
     errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
     assert all(e <= tol_grad for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gate_lower_bound_uses_the_bounded_plan(dtype, monkeypatch):
+    """With gate_lower_bound, chunk_rwkv7 runs the bounded plan (longer chunks whose pairwise decays are
+    tensor-core products of exp factors around each chunk's middle row); it must match the reference."""
+    pkg = generated("rwkv7")
+    chunk_module = importlib.import_module("generated.rwkv7.chunk")
+    chosen = []
+    original = chunk_module.select_bounded_plan
+    monkeypatch.setattr(chunk_module, "select_bounded_plan", lambda *a: chosen.append(original(*a)) or chosen[-1])
+    B, T, H, K, V = 2, 150, 2, 32, 24
+    x = sample_inputs(recurrence("rwkv7"), B, T, H, K, V, dtype, seed=3)
+    x["w"] = -0.6065 * torch.sigmoid(torch.randn(B, T, H, K))  # RWKV-7's decay: w in (-e^-0.5, 0)
+    h0 = torch.randn(B, H, K, V)
+    leaves = {**x, "initial_state": h0}
+    for t in leaves.values():
+        t.requires_grad_(True)
+    # sm90's plans (the interpreter runs any arch's): its bounded table has fp32 rows at this head dim
+    with poisoned_allocations(), forced_arch("sm90"):
+        o, ht = pkg.chunk_rwkv7(*x.values(), initial_state=h0, output_final_state=True, gate_lower_bound=-0.6065)
+        do, dht = torch.randn_like(o), torch.randn_like(ht)
+        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
+    assert [p.chunk_size for p in chosen] == [ALGORITHMS["chunk_dplr"].bounded_chunk_size] == [32]
+    assert chosen[0].gate_bound is not None
+    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    ref_o, ref_ht = pkg.rwkv7_reference(*[ref_leaves[n] for n in x], initial_state=ref_leaves["initial_state"],
+                                        output_final_state=True)
+    ref_grads = torch.autograd.grad((ref_o * do.double()).sum() + (ref_ht * dht.double()).sum(),
+                                    list(ref_leaves.values()))
+    tol_fwd, tol_grad = TOLERANCE[dtype]
+    assert relative_error(o, ref_o) <= tol_fwd and relative_error(ht, ref_ht) <= tol_fwd
+    errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
+    assert all(e <= tol_grad for e in errors.values()), errors
+
+
+def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan():
+    pkg = generated("rwkv7")
+    x = sample_inputs(recurrence("rwkv7"), 1, 40, 2, 16, 16, torch.float32, seed=4)
+    x["w"] = -6.0 * torch.rand(1, 40, 2, 16)
+    with pytest.raises(ValueError, match="finite negative"):
+        pkg.chunk_rwkv7(*x.values(), gate_lower_bound=0.5)
+    with pytest.raises(TypeError, match="gate_lower_bound"):
+        pkg.chunk_rwkv7(*x.values(), gate_lower_bound="low")
+    with pytest.raises(ValueError, match="below gate_lower_bound"):
+        pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-1.0)
+    # -6 is looser than the bounded plan allows (about -5.06): the default plan runs, and agrees
+    o_loose, _ = pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-6.0)
+    o_default, _ = pkg.chunk_rwkv7(*x.values())
+    assert torch.equal(o_loose, o_default)

@@ -139,3 +139,12 @@ def apply_plan_override(plan: Plan) -> Plan:
         for name, cfg in plan.kernels
     )
     return dataclasses.replace(plan, kernels=kernels)
+
+
+def select_bounded_plan(plan: Plan, bounded_plans: dict[tuple[str, str, int], Plan], gate_lower_bound: float) -> Plan:
+    """The plan of ``bounded_plans`` for the same (arch, dtype, head dim) as ``plan`` when the caller's
+    gate lower bound is at least the one it relies on (``Plan.gate_bound``); else ``plan`` itself."""
+    bounded = bounded_plans.get((plan.arch, plan.dtype, plan.head_dim))
+    if bounded is None or bounded.gate_bound is None or gate_lower_bound < bounded.gate_bound:
+        return plan
+    return apply_plan_override(bounded)

@@ -42,6 +42,8 @@ class Plan:
     chunk_size: int
     chunk_size_reason: str
     kernels: tuple[tuple[str, LaunchConfig], ...]
+    # A lower bound on the log gates that this plan relies on (None: the plan is safe for any gate).
+    gate_bound: float | None = None
 
     def config(self, stage: str) -> LaunchConfig:
         """The launch config of kernel ``stage``; KeyError names the known stages."""

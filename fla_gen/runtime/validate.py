@@ -183,3 +183,20 @@ def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.
     if bounds[-1] != T:
         raise ValueError(f"{op}: cu_seqlens must end at T = {T} (the inputs' length), got {bounds[-1]}")
     return cu_seqlens_cpu
+
+
+def validate_gate_lower_bound(op: str, bound, gate_name: str, gate: torch.Tensor) -> None:
+    """Check ``gate_lower_bound``: a finite negative number that every entry of the log gate respects.
+
+    The bound lets a plan build the pairwise decays as products of exp factors that a gate below it
+    would overflow, so it is checked against the data: one reduction over ``gate`` [B, T, H, K] and a
+    device sync (pass the bound only where it pays for that, e.g. training at long T).
+    """
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise TypeError(f"{op}: gate_lower_bound must be a float or None, got {type(bound).__name__}")
+    if not math.isfinite(bound) or bound >= 0:
+        raise ValueError(f"{op}: gate_lower_bound must be a finite negative number (a log decay), got {bound}")
+    lowest = gate.min().item() if gate.numel() else 0.0
+    if not lowest >= bound:
+        raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "
+                         f"pass a bound that holds for every token, or none")

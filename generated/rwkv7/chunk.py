@@ -9,11 +9,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_gen.runtime.dispatch import select_plan
-from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
+from fla_gen.runtime.validate import TensorArg, validate_call, validate_gate_lower_bound
 from fla_gen.runtime.varlen import prepare_chunk_indices
 
-from .plans import CHUNK_PLANS
+from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
 
 # Kernels (templates/kernels/chunk_dplr.jinja): they use the torch, triton and tl imported above.
 
@@ -45,13 +45,17 @@ def rwkv7_fwd_intra_kernel(
     BK: tl.constexpr,
     USE_G: tl.constexpr,
     STORE_BWD: tl.constexpr,
+    FACTORED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program per (chunk, batch * head). Two passes over K blocks: the first accumulates the four
-    # [BT, BT] A matrices entry by entry (a [BT, BT, BK] tile of decays) and stores qg, kg, bg; then
-    # P = (I - A_ab)^{-1} by forward substitution; the second pass forms W = P ag block by block.
-    # The [BT, BT] products are tiny: fp32 "ieee" dots keep them exact to fp32.
-    tl.static_assert(BT == 16, "chunk_dplr: the [BT, BT, BK] decay tiles are sized for 16-token chunks")
+    # [BT, BT] A matrices and stores qg, kg, bg; then P = (I - A_ab)^{-1} by forward substitution; the
+    # second pass forms W = P ag block by block. The A matrices are built entry by entry (a [BT, BT, BK]
+    # tile of decays; BT = 16) or, with FACTORED (a gate lower bound keeps every factor finite), as
+    # tensor-core dots of x exp(Gx - G_m) and y exp(G_m - G) around the chunk's middle row m.
+    # The [BT, BT] products of the inverse are tiny: fp32 "ieee" dots keep them exact to fp32.
+    tl.static_assert(FACTORED or BT == 16, "chunk_dplr: the entry-wise decay tiles are sized for 16-token chunks")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
@@ -88,19 +92,44 @@ def rwkv7_fwd_intra_kernel(
         b_G = tl.cumsum(b_g, axis=0)
         b_Gx = b_G - b_g
         b_GL = tl.sum(b_g, axis=0)
-        m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-        m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-        b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-        b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-        b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
-        b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
-        b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
-        b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
+        if FACTORED:
+            # k and b loaded transposed ([BK, BT]) for the dots, with their gate cumsum along axis 1
+            o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
+            m_kt = (o_k < K)[:, None] & m_t[None, :]
+            b_kT = tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32)
+            b_bT = tl.load(b + o_kt, mask=m_kt, other=0.).to(tl.float32)
+            b_GT = tl.zeros([BK, BT], dtype=tl.float32)
+            if USE_G:
+                b_GT = tl.cumsum(tl.load(g + o_kt, mask=m_kt, other=0.).to(tl.float32), axis=1)
+            b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+            b_GmT = tl.sum(tl.where(o_i[None, :] == BT // 2, b_GT, 0.), axis=1)
+            b_qf = b_q * tl.exp(b_G - b_Gm[None, :])
+            b_af = b_a * tl.exp(b_Gx - b_Gm[None, :])
+            b_up = tl.exp(b_GmT[:, None] - b_GT)
+            b_Aqk = tl.dot(b_qf, b_kT * b_up, b_Aqk, input_precision=DOT_PRECISION)
+            b_Aqb = tl.dot(b_qf, b_bT * b_up, b_Aqb, input_precision=DOT_PRECISION)
+            b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
+            b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
+        else:
+            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
+            b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
+            b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
+            b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
         # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
         b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
         tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
         tl.store(kg + o_tk, (b_k * b_decay_to_end).to(kg.dtype.element_ty), mask=m_tk)
         tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
+    if FACTORED:
+        # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
+        b_Aqk = tl.where(o_i[:, None] >= o_i[None, :], b_Aqk, 0.)
+        b_Aqb = tl.where(o_i[:, None] >= o_i[None, :], b_Aqb, 0.)
+        b_Aak = tl.where(o_i[:, None] > o_i[None, :], b_Aak, 0.)
+        b_Aab = tl.where(o_i[:, None] > o_i[None, :], b_Aab, 0.)
     # P = (I - A_ab)^{-1}: row t of P is e_t + sum_{s < t} A_ab[t, s] P[s, :]
     b_P = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
     for i in range(1, BT):
@@ -527,7 +556,9 @@ def rwkv7_bwd_dqk_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     USE_G: tl.constexpr,
+    FACTORED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program per (K block, chunk, batch * head): everything here is entry-wise in the key channel,
     # so K blocks are independent. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
@@ -564,21 +595,49 @@ def rwkv7_bwd_dqk_kernel(
     b_G = tl.cumsum(b_g, axis=0)
     b_Gx = b_G - b_g
     b_GL = tl.sum(b_g, axis=0)
-    m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-    m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-    b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-    b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
     o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
     m_tt = m_t[:, None] & (o_i < BT)[None, :]
-    b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)[:, :, None]
-    b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)[:, :, None]
-    b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)[:, :, None]
-    b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)[:, :, None]
+    b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)
+    b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)
+    b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)
+    b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
     # the A-matrix parts, x side (indexed by t) and y side (indexed by s)
-    b_dqA = tl.sum((b_dAqk * b_k[None, :, :] + b_dAqb * b_b[None, :, :]) * b_Ein, axis=1)
-    b_daA = tl.sum((b_dAak * b_k[None, :, :] + b_dAab * b_b[None, :, :]) * b_Est, axis=1)
-    b_dkA = tl.sum(b_dAqk * b_q[:, None, :] * b_Ein + b_dAak * b_a[:, None, :] * b_Est, axis=0)
-    b_dbA = tl.sum(b_dAqb * b_q[:, None, :] * b_Ein + b_dAab * b_a[:, None, :] * b_Est, axis=0)
+    if FACTORED:
+        # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m))); the
+        # transposed dA are loaded transposed
+        o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
+        m_ttT = m_t[None, :] & (o_i < BT)[:, None]
+        b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+        b_down = tl.exp(b_G - b_Gm[None, :])
+        b_downx = tl.exp(b_Gx - b_Gm[None, :])
+        b_up = tl.exp(b_Gm[None, :] - b_G)
+        b_kf = b_k * b_up
+        b_bf = b_b * b_up
+        b_qf = b_q * b_down
+        b_af = b_a * b_downx
+        b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
+                                input_precision=DOT_PRECISION)
+        b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
+                                 input_precision=DOT_PRECISION)
+        b_dkA = b_up * tl.dot(tl.load(dAak + o_ttT, mask=m_ttT, other=0.), b_af,
+                              tl.dot(tl.load(dAqk + o_ttT, mask=m_ttT, other=0.), b_qf, input_precision=DOT_PRECISION),
+                              input_precision=DOT_PRECISION)
+        b_dbA = b_up * tl.dot(tl.load(dAab + o_ttT, mask=m_ttT, other=0.), b_af,
+                              tl.dot(tl.load(dAqb + o_ttT, mask=m_ttT, other=0.), b_qf, input_precision=DOT_PRECISION),
+                              input_precision=DOT_PRECISION)
+    else:
+        m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+        m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+        b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+        b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+        b_dAqk = b_dAqk[:, :, None]
+        b_dAqb = b_dAqb[:, :, None]
+        b_dAak = b_dAak[:, :, None]
+        b_dAab = b_dAab[:, :, None]
+        b_dqA = tl.sum((b_dAqk * b_k[None, :, :] + b_dAqb * b_b[None, :, :]) * b_Ein, axis=1)
+        b_daA = tl.sum((b_dAak * b_k[None, :, :] + b_dAab * b_b[None, :, :]) * b_Est, axis=1)
+        b_dkA = tl.sum(b_dAqk * b_q[:, None, :] * b_Ein + b_dAak * b_a[:, None, :] * b_Est, axis=0)
+        b_dbA = tl.sum(b_dAqb * b_q[:, None, :] * b_Ein + b_dAab * b_a[:, None, :] * b_Est, axis=0)
     # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
     b_eG = tl.exp(b_G)
     b_eGx = tl.exp(b_Gx)
@@ -673,7 +732,9 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
         BK=_tile(cfg.block_k, K),
         USE_G=g is not None,
         STORE_BWD=backward,
+        FACTORED=plan.gate_bound is not None,
         IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -918,7 +979,9 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         BT=BT,
         BK=BK,
         USE_G=g is not None,
+        FACTORED=plan.gate_bound is not None,
         IS_VARLEN=is_varlen,
+        DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -973,6 +1036,7 @@ def chunk_rwkv7(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    gate_lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RWKV-7 "Goose" (Peng et al., 2025): the DPLR recurrence read by the receptance r, with the log decay w per token and key channel and no output scaling, S_t = (diag(exp(w_t)) + b_t a_tᵀ) S_{t-1} + k_t v_tᵀ,  o_t = S_tᵀ r_t. The model sets a = -k̂ and b = k̂ η (k̂ the unit-norm key, η the in-context learning rate).
 
@@ -994,6 +1058,10 @@ def chunk_rwkv7(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
+        gate_lower_bound: a number every entry of w is known to be >= (e.g. -0.6065 for
+            RWKV-7's -exp(-0.5) sigmoid(x) decay). A bound >= -5.06 selects the 32-token plan with
+            tensor-core pairwise decays; otherwise the plan that is safe for any gate runs. Checked
+            against the data (one reduction and a device sync).
 
     Returns:
         o: [B, T, H, V] in the inputs' dtype; final_state: [N, H, K, V] float32 or None.
@@ -1009,6 +1077,9 @@ def chunk_rwkv7(
     if scale is None:
         scale = 1
     plan = select_plan(CHUNK_PLANS, r.device, call.dtype, max(call.K, call.V))
+    if gate_lower_bound is not None:
+        validate_gate_lower_bound("chunk_rwkv7", gate_lower_bound, "w", w)
+        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
     chunk_indices = chunk_offsets = None
     if cu_seqlens is not None:
         chunk_indices, chunk_offsets = prepare_chunk_indices(call.cu_seqlens_cpu, plan.chunk_size, r.device)
