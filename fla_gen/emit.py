@@ -18,6 +18,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
+from fla_gen.transforms import TransformKernel, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -78,7 +79,7 @@ def _summary(source: str) -> str:
 
 def _statement_lines(rec: Recurrence) -> list[str]:
     src = rec.spec.source.splitlines()
-    rows = sorted({n.pos.line for n in (*rec.spec.updates, rec.spec.output)})
+    rows = sorted({n.pos.line for n in (*rec.spec.transforms, *rec.spec.updates, rec.spec.output)})
     return [src[r - 1].split("#")[0].strip() for r in rows]
 
 
@@ -172,8 +173,44 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         ],
         "token_gate": rec.token_gate.kind if rec.token_gate else None,
         "head_gate": rec.head_gate is not None,
+        "transform_call": _transform_call(plan_transforms(rec)),
+        "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
+
+
+def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str:
+    ctx = dict(common)
+    sizes = {d: next((f"targets[{i}].shape[-1]" for i, (_, s) in enumerate(t.targets) if s == d), "1")
+             for d in ("K", "V")}
+    lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
+    ctx.update({
+        "t": t,
+        "transform_lines": lines,
+        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
+                                  + [f"y_{n}" for n, _ in t.targets]),
+        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
+                                  + [f"dy_{n}" for n, _ in t.targets] + [f"dx_{n}" for n, _ in t.targets]
+                                  + [f"dp_{h}" for h in t.heads]),
+        "all_inputs": [n for n, _ in t.targets] + list(t.heads),
+        "first_target": t.targets[0][0],
+        "k_size": sizes["K"],
+        "v_size": sizes["V"],
+        "function_class": "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms",
+        "public_op": rec.spec.op,
+    })
+    return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)
+
+
+def _transform_call(t: TransformKernel | None) -> str:
+    """The line of the public op that rebinds the transformed inputs (empty without transforms)."""
+    if t is None:
+        return ""
+    targets = ", ".join(n for n, _ in t.targets)
+    args = ", ".join([n for n, _ in t.targets] + list(t.heads))
+    rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
+    targets += "," if len(t.targets) == 1 else ""
+    return f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
@@ -188,6 +225,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "fetches": ref.token_fetches,
         "updates": ref.updates,
         "output": ref.output,
+        "transforms": ref.transforms,
+        "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
@@ -196,7 +235,10 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
          "plans": plan_table(rec, recurrent_algo)},
     ]
     op = rec.spec.op
-    return (
+    transforms = plan_transforms(rec)
+    extra = () if transforms is None else (
+        GeneratedFile(f"{op}/transforms.py", _transforms_module(rec, transforms, common)),)
+    return extra + (
         GeneratedFile(f"{op}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
         GeneratedFile(f"{op}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
         GeneratedFile(f"{op}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),
