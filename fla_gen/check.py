@@ -150,7 +150,7 @@ class _Checker:
             want = self.inputs[target].ty
             if node.ty.dims != want.dims:
                 raise self.err(s.expr.pos, f"the transform of '{target}' has type {node.ty.show()}, expected "
-                                           f"{want.show()} ('{target}''s own shape)")
+                                           f"{want.show()} (the shape of '{target}')")
             out.append(TransformInfo("map", (target,), node, s.pos))
         return tuple(out)
 

@@ -25,7 +25,7 @@ def _expand(code: str, node: Node, to_dims: tuple[str, ...]) -> str:
     inside a [K, V] matrix and a vector over V ``[..., 1, V]``.
     """
     dims = node.ty.dims
-    if dims == to_dims:
+    if dims == to_dims or isinstance(node, Lit):  # a Python number broadcasts by itself
         return code
     if not dims:
         return f"{code}[{', '.join(['...'] + ['None'] * len(to_dims))}]"
