@@ -7,7 +7,8 @@ time of forward and forward + backward of both (triton.testing.do_bench medians)
     python benchmarks/bench_transforms.py [--B 4 --T 4096 --H 16 --D 128] [--out $OUT/transforms.json]
 
 The reference check runs on the first sequence's first --check-T tokens (the step-by-step reference is
-slow at T = 4096); the timing runs at the full size.
+slow at T = 4096); the timing runs at the full size. Then a decode step (T = 1, no autograd), where
+fused_recurrent applies the transforms inside its own kernel.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
     parser.add_argument("--check-T", type=int, default=256)
+    parser.add_argument("--decode-B", type=int, default=64)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"),
                         help="fp16 for an interpreter smoke run (the interpreter has no bf16 arithmetic)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu (with TRITON_INTERPRET=1) for a smoke run")
@@ -121,6 +123,23 @@ def main() -> int:
         t_torch = median_ms(lambda: torch_transforms(*[leaves[n] for n in names]), args.device)
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    # Decode step (T = 1, state in and out, no autograd): fused_recurrent applies the transforms inside its
+    # kernel, against torch transforms then the plain fused_recurrent op.
+    dec_B = args.decode_B
+    xd = sample_inputs(rec, dec_B, 1, H, D, D, dtype, args.device, seed=2)
+    dec_args = [xd[n] for n in names]
+    h0 = torch.randn(dec_B, H, D, D, device=args.device)
+    fused_rec = getattr(fused_pkg, f"fused_recurrent_{OP}")
+    plain_rec = importlib.import_module("generated.gated_delta_rule").fused_recurrent_gated_delta_rule
+    with torch.no_grad():
+        decode = {
+            "fused (transforms in the kernel)": median_ms(
+                lambda: fused_rec(*dec_args, initial_state=h0, output_final_state=True), args.device),
+            "torch transforms + op": median_ms(
+                lambda: plain_rec(*torch_transforms(*dec_args), initial_state=h0, output_final_state=True),
+                args.device),
+        }
+
     print(f"{OP} B={B} T={T} H={H} K=V={D} {args.dtype} ({device}, torch {torch.__version__}, "
           f"triton {triton.__version__})")
     print(f"{args.dtype} vs float64 reference (first {args.check_T} tokens): "
@@ -129,11 +148,15 @@ def main() -> int:
     for r in rows:
         print(f"{r['variant']:<24} {r['fwd_ms']:>8.3f} {r['fwd+bwd_ms']:>11.3f}")
     print(f"torch transforms alone (fwd): {t_torch:.3f} ms")
+    print(f"decode step T=1 B={dec_B} (no autograd, fp32 state in and out):")
+    for label, ms in decode.items():
+        print(f"  {label:<34} {ms:>8.4f} ms")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"shape": {"B": B, "T": T, "H": H, "D": D}, "dtype": args.dtype,
                                         "device": device, "errors": errors,
-                                        "failures": failures, "rows": rows, "torch_transforms_fwd_ms": t_torch},
+                                        "failures": failures, "rows": rows, "torch_transforms_fwd_ms": t_torch,
+                                        "decode_B": dec_B, "decode_ms": decode},
                                        indent=2))
     return 1 if failures else 0
 

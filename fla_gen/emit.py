@@ -18,7 +18,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
-from fla_gen.transforms import TransformKernel, plan_transforms
+from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -147,6 +147,11 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
     launch_args, launch_values = _kernel_bindings(rec)
+    transforms = plan_transforms(rec)
+    inline = None
+    if not chunked and algo.name == "fused_recurrent_delta":
+        inline = inline_transforms(transforms, bind_kernel_inputs(rec))
+    transform_block, transform_imports = _transform_block(rec, transforms, inline, launch_values)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -157,6 +162,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
+            inline=inline,
         ).strip("\n"),
         "chunked": chunked,
         "function_class": "".join(p.capitalize() for p in public.split("_")) + "Function",
@@ -173,7 +179,8 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         ],
         "token_gate": rec.token_gate.kind if rec.token_gate else None,
         "head_gate": rec.head_gate is not None,
-        "transform_call": _transform_call(plan_transforms(rec)),
+        "transform_block": transform_block,
+        "transform_imports": transform_imports,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
@@ -202,15 +209,36 @@ def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str
     return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)
 
 
-def _transform_call(t: TransformKernel | None) -> str:
-    """The line of the public op that rebinds the transformed inputs (empty without transforms)."""
+def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineTransforms | None,
+                     launch_values: list[str]) -> tuple[str, str]:
+    """The public op's lines that apply the transforms (indented 4) and what they import from
+    ``.transforms``; empty without transforms. With ``inline`` (a kernel that applies them on load),
+    a call without autograd launches that forward directly on the raw inputs."""
     if t is None:
-        return ""
+        return "", ""
     targets = ", ".join(n for n, _ in t.targets)
     args = ", ".join([n for n, _ in t.targets] + list(t.heads))
+    offsets = "seqlen_offsets" if t.ropes else "0"
     rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
     targets += "," if len(t.targets) == 1 else ""
-    return f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"
+    lines = []
+    imports = [f"{t.op}_transforms"]
+    if inline is not None:
+        key = rec.query.input
+        tensors = ", ".join([i.name for i in rec.spec.inputs] + ["initial_state"])
+        heads = "".join(f"{h}.contiguous(), " for h in t.heads)
+        lines += [
+            f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
+            "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
+            f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
+            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(rec)},",
+            "                                            initial_state, output_final_state, cu_seqlens, plan,",
+            f"                                            transform_args=({heads}positions, *rope_dims))",
+            "    return o, final_state",
+        ]
+        imports += [f"{t.op}_transform_args", "_gather", "_rope_coefs"]
+    lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
+from fla_gen.plan import KernelInputs
 from fla_gen.reference import L2NORM_EPS
 
 
@@ -244,3 +245,34 @@ def plan_transforms(rec: Recurrence) -> TransformKernel | None:
         outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs),
     )
+
+
+@dataclass(frozen=True)
+class InlineTransforms:
+    """The transforms rendered inside a recurrent kernel's token loop, where the kernel loads its inputs.
+
+    ``params``: extra kernel parameters (per-head pointers, positions, rotary dims); ``body``: statements
+    at the top of the loop (after ``row``, the token's [B * T, H] row, is set); ``values``: kernel input
+    (``q``, ``k``, ``g``, ``beta``) → the fp32 register value that replaces its load.
+    """
+
+    params: tuple[str, ...]
+    body: str
+    values: dict
+
+
+def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineTransforms | None:
+    """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
+    recurrent delta kernels), or None when they cannot be inlined: a transformed V vector (those
+    kernels tile V) or a transformed input the kernel does not take."""
+    if t is None or any(d == "V" for _, d in t.targets):
+        return None
+    role_of = dict(zip(bound.inputs, bound.names, strict=True))
+    if any(name not in role_of for name, _ in t.targets):
+        return None
+    params = tuple([f"p_{h}" for h in t.heads] + ["pos"] + [f"rope{r.index}_dim" for r in t.ropes])
+    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{name} = {role_of[name]}" for name, _ in t.targets]
+    if t.ropes:
+        body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
+    body += list(t.fwd)
+    return InlineTransforms(params, "\n".join(body), {role_of[name]: t.outs[name] for name, _ in t.targets})

@@ -77,6 +77,26 @@ def test_int_offset_matches_reference():
     assert_close(errors)
 
 
+def test_decode_path_applies_transforms_on_load(monkeypatch):
+    """Without autograd, fused_recurrent runs the transforms inside its kernel (the transform kernels must
+    not run), with per-sequence offsets under cu_seqlens and an initial state, as a decode step does."""
+    pkg = generated(OP)
+    module = importlib.import_module(f"generated.{OP}.fused_recurrent")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the transform kernels ran on the no-autograd path")
+
+    monkeypatch.setattr(module, f"{OP}_transforms", refuse)
+    x = raw_inputs(1, 20, 2, 16, 8)
+    kw = {"cu_seqlens": torch.tensor([0, 8, 20], dtype=torch.int32), "seqlen_offsets": torch.tensor([4, 9])}
+    h0 = torch.randn(2, 2, 16, 8)
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = pkg.fused_recurrent_gated_delta_rule_rope(*x.values(), initial_state=h0, output_final_state=True, **kw)
+    ro, rht = pkg.gated_delta_rule_rope_reference(*[t.double() for t in x.values()], initial_state=h0.double(),
+                                                  output_final_state=True, **kw)
+    assert relative_error(o, ro) < 1e-5 and relative_error(ht, rht) < 1e-5
+
+
 def test_fused_equals_torch_transforms_then_plain_op():
     """chunk_gated_delta_rule_rope == torch rope / l2norm / sigmoid / gate, then chunk_gated_delta_rule."""
     x = raw_inputs(2, 20, 2, 16, 8)

@@ -1187,11 +1187,11 @@ def chunk_gated_delta_rule_rope(
     )
     if scale is None:
         scale = call.K ** -0.5
-    q, k, g, beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
     plan = select_plan(CHUNK_PLANS, q.device, call.dtype, max(call.K, call.V))
     chunk_indices = chunk_offsets = None
     if cu_seqlens is not None:
         chunk_indices, chunk_offsets = prepare_chunk_indices(call.cu_seqlens_cpu, plan.chunk_size, q.device)
+    q, k, g, beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
     return ChunkGatedDeltaRuleRopeFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         float(scale), initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan,

@@ -13,7 +13,7 @@ from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
-from .transforms import gated_delta_rule_rope_transforms
+from .transforms import _gather, _rope_coefs, gated_delta_rule_rope_transform_args, gated_delta_rule_rope_transforms
 
 # Kernels (templates/kernels/fused_recurrent_delta.jinja): they use the torch, triton and tl imported above.
 
@@ -25,6 +25,10 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
     v,
     g,
     beta,
+    p_A_log,
+    p_dt_bias,
+    pos,
+    rope0_dim,
     o,
     h0,
     ht,
@@ -40,6 +44,7 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    TRANSFORM: tl.constexpr,
 ):
     # One program = one (V block, sequence * head); the [BK, BV] fp32 block of the state stays in
     # registers for the whole sequence. The delta-rule residual r_t = v_t - S'_t^T k_t of a V column
@@ -66,12 +71,48 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
     for t in range(0, seq_len):
         # row of token t in the [B * T, H] flattening of the inputs
         row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_beta = tl.load(beta + row).to(tl.float32)
-        if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+        if TRANSFORM:
+            o_K = o_k
+            m_K = m_k
+            x_q = q
+            x_k = k
+            x_g = g
+            x_beta = beta
+            b_pos = tl.load(pos + row // H).to(tl.float32)
+            t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t2 = tl.load(x_g + row).to(tl.float32)
+            t3 = tl.load(x_beta + row).to(tl.float32)
+            rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
+            t4 = t0 * rc0 + rs0 * _gather(t0, rp0, o_K)
+            t5 = t1 * rc0 + rs0 * _gather(t1, rp0, o_K)
+            t6 = tl.where(m_K, t4, 0.0)
+            t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=0) + 1e-06)
+            t8 = t6 * t7
+            t9 = tl.where(m_K, t5, 0.0)
+            t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=0) + 1e-06)
+            t11 = t9 * t10
+            t12 = tl.sigmoid(t3)
+            t13 = tl.load(p_A_log + i_h).to(tl.float32)
+            t14 = tl.exp(t13)
+            t15 = -t14
+            t16 = tl.load(p_dt_bias + i_h).to(tl.float32)
+            t17 = t2 + t16
+            t18 = tl.where(t17 > 20.0, t17, tl.log(1.0 + tl.exp(tl.minimum(t17, 20.0))))
+            t19 = t15 * t18
+            b_q = t8 * scale
+            b_k = t11
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+            b_beta = t12
+            if USE_G:
+                b_h *= tl.exp(t19)
+        else:
+            b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
+            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+            b_beta = tl.load(beta + row).to(tl.float32)
+            if USE_G:
+                b_h *= tl.exp(tl.load(g + row).to(tl.float32))
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -221,7 +262,7 @@ def gated_delta_rule_rope_recurrent_bwd_kernel(
         b_h += b_k[:, None] * (b_beta * b_r)[None, :]
 
 
-def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, plan):
+def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, plan, transform_args=()):
     """Token-by-token forward (decode path) of the gated delta rule.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
@@ -235,6 +276,8 @@ def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_sta
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None (N = B).
         plan: the Plan; uses plan.config("recurrent_fwd") (block_v, num_warps, num_stages).
+        transform_args: with inlined transforms, their extra kernel arguments (per-head inputs,
+            positions [B * T] int32, rotary dims); q, k, g, beta are then the raw inputs.
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -255,6 +298,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_sta
         v,
         g,
         beta,
+        *(transform_args or (None,) * 4),
         o,
         initial_state,
         final_state,
@@ -270,6 +314,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_sta
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
+        TRANSFORM=bool(transform_args),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -450,8 +495,15 @@ def fused_recurrent_gated_delta_rule_rope(
     )
     if scale is None:
         scale = call.K ** -0.5
-    q, k, g, beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
     plan = select_plan(RECURRENT_PLANS, q.device, call.dtype, max(call.K, call.V))
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, A_log, dt_bias, initial_state))):
+        # No autograd: the recurrent kernel applies the transforms where it loads its inputs.
+        positions, rope_dims = gated_delta_rule_rope_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
+        o, final_state, _ = fused_recurrent_fwd(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), float(scale),
+                                                initial_state, output_final_state, cu_seqlens, plan,
+                                                transform_args=(A_log.contiguous(), dt_bias.contiguous(), positions, *rope_dims))
+        return o, final_state
+    q, k, g, beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
     return FusedRecurrentGatedDeltaRuleRopeFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         float(scale), initial_state, output_final_state, cu_seqlens, plan,

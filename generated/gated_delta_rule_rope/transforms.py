@@ -177,11 +177,9 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
         return (None, None, *dx, *dh)
 
 
-def gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_offsets=0, cu_seqlens=None):
-    """Apply the spec's transforms; returns the transformed (q, k, g, beta).
-
-    Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
-    ``call`` is the op's validated CallShape.
+def gated_delta_rule_rope_transform_args(call, seqlen_offsets, cu_seqlens, device):
+    """Validate the rope arguments and build the kernels' extra arguments: positions [B * T] int32 and
+    one rotary dim per rope transform.
 
     Raises:
         ValueError, TypeError: a rotary dim that does not fit the head dim, or is odd; offsets past
@@ -194,7 +192,19 @@ def gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, *, call, seq
     rope_dims = (
         validate_rope("gated_delta_rule_rope", "q", call.K, int(call.K), seqlen_offsets, call.N, longest),
     )
-    positions = rope_positions(call.B, call.T, seqlen_offsets, cu_seqlens, q.device).view(-1)
+    return rope_positions(call.B, call.T, seqlen_offsets, cu_seqlens, device).view(-1), rope_dims
+
+
+def gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_offsets=0, cu_seqlens=None):
+    """Apply the spec's transforms; returns the transformed (q, k, g, beta).
+
+    Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
+    ``call`` is the op's validated CallShape.
+
+    Raises:
+        ValueError, TypeError: as gated_delta_rule_rope_transform_args, before any launch.
+    """
+    positions, rope_dims = gated_delta_rule_rope_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
     return GatedDeltaRuleRopeTransforms.apply(
         positions, rope_dims, q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
     )
