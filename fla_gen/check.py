@@ -130,6 +130,9 @@ class _Checker:
                                       f"[B, T, H, ...]", f"use '{name}' inside the transform of a per-token input")
                 if name in s.targets[:j]:
                     raise self.err(p, f"'{name}' appears twice among the transform's targets")
+                if self.inputs[name].optional:
+                    raise self.err(p, f"'{name}' is optional ('= 0'); a transformed input must be given",
+                                   f"drop '= 0' from the declaration of '{name}'")
             if isinstance(s.expr, S.Call) and s.expr.func == "rope":
                 info = self._rope(s)
                 for name, p in zip(s.targets, s.target_pos, strict=True):
@@ -281,6 +284,8 @@ class _Checker:
                 if info is None or info.per_token or info.dims != ("H",):
                     raise self.err(e.pos, f"the transform of '{self.transform_target}' reads '{e.id}'; a transform "
                                           f"reads only its own input, per-head [H] inputs and numbers")
+                if info.optional:
+                    raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
             return Ref(ref.name, ref.role, ref.ty, e.pos)
         if isinstance(e, S.Neg):
             x = self.expr(e.operand)

@@ -92,10 +92,23 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
             "channel": "log-space decay per token and key channel (decay = exp(g))",
             "head": "log-space decay per head, constant over time",
         }[t.kind]
+    transforms = [t for t in rec.spec.transforms if name in t.targets]
+    reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
+             and _reads(t.expr, name)]
+    if transforms:
+        roles[name] = f"{roles.get(name, 'input')}, raw: the spec transforms it first (see above)"
+    elif reads:
+        roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
     doc = f"{shape} {roles.get(name, 'input')}"
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
+
+
+def _reads(n: Node, name: str) -> bool:
+    if isinstance(n, Ref):
+        return n.name == name
+    return isinstance(n, Apply) and any(_reads(a, name) for a in n.args)
 
 
 def _common_context(rec: Recurrence) -> dict:

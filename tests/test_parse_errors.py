@@ -96,6 +96,10 @@ CASES = [
     ("transformed but never read", HEAD.replace("state", "input g: [B, T, H]\nstate")
      + "transform g = sigmoid(g)\nupdate S = S + outer(k, v)\n" + OUT, 8, 1, "recurrence never reads"),
     ("transform without targets", THEAD + "transform = l2norm(q)\n" + UPD, 9, 11, "unexpected '='"),
+    ("transform of an optional input", THEAD.replace("input g: [B, T, H]\ninput A: [H]", "input g: [B, T, H] = 0")
+     + "transform g = sigmoid(g)\n" + UPD, 8, 11, "is optional"),
+    ("transform reads an optional per-head input", THEAD.replace("input A: [H]", "input A: [H] = 0")
+     + "transform g = g + A\n" + UPD, 9, 19, "is optional"),
 ]
 
 

@@ -1157,13 +1157,13 @@ def chunk_gated_delta_rule_rope(
         output o = scale * S^T @ q
 
     Args:
-        q: [B, T, H, K] queries
-        k: [B, T, H, K] keys
+        q: [B, T, H, K] queries, raw: the spec transforms it first (see above)
+        k: [B, T, H, K] keys, raw: the spec transforms it first (see above)
         v: [B, T, H, V] values
-        g: [B, T, H] log-space decay per token (decay = exp(g))
-        beta: [B, T, H] input
-        A_log: [H] input
-        dt_bias: [H] input
+        g: [B, T, H] log-space decay per token (decay = exp(g)), raw: the spec transforms it first (see above)
+        beta: [B, T, H] input, raw: the spec transforms it first (see above)
+        A_log: [H] per-head parameter of the transform of g
+        dt_bias: [H] per-head parameter of the transform of g
         scale: defaults to K ** -0.5.
         initial_state: [N, H, K, V] float32, the state before the first token of each sequence
             (N = B, or the number of sequences with cu_seqlens); None means zeros.
