@@ -162,7 +162,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     launch_args, launch_values = _kernel_bindings(rec)
     transforms = plan_transforms(rec)
     inline = None
-    if not chunked and algo.name == "fused_recurrent_delta":
+    if not chunked:  # the fused recurrent forwards load whole K rows per token: they can inline
         inline = inline_transforms(transforms, bind_kernel_inputs(rec))
     transform_block, transform_imports = _transform_block(rec, transforms, inline, launch_values)
     ctx = dict(common)

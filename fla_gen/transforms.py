@@ -263,7 +263,7 @@ class InlineTransforms:
 
 def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineTransforms | None:
     """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
-    recurrent delta kernels), or None when they cannot be inlined: a transformed V vector (those
+    recurrent forward kernels), or None when they cannot be inlined: a transformed V vector (those
     kernels tile V) or a transformed input the kernel does not take."""
     if t is None or any(d == "V" for _, d in t.targets):
         return None

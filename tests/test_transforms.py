@@ -159,6 +159,20 @@ def test_interleaved_partial_rotary_other_family(variant, mode):
     assert_close(errors)
 
 
+def test_variant_decode_path_applies_transforms_on_load(variant, monkeypatch):
+    """The gated family's fused_recurrent inlines the transforms too (no autograd)."""
+    rec, pkg = variant
+    monkeypatch.setattr(sys.modules["rope_variant.fused_recurrent"], "rope_variant_transforms", None)
+    x = sample_inputs(rec, 2, 9, 2, 16, 8, torch.float32)
+    h0 = torch.randn(2, 2, 16, 8)
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = pkg.fused_recurrent_rope_variant(*x.values(), initial_state=h0, output_final_state=True,
+                                                 seqlen_offsets=6)
+    ro, rht = pkg.rope_variant_reference(*[t.double() for t in x.values()], initial_state=h0.double(),
+                                         output_final_state=True, seqlen_offsets=6)
+    assert relative_error(o, ro) < 1e-5 and relative_error(ht, rht) < 1e-5
+
+
 def test_variant_odd_rotary_dim_is_refused(variant):
     _, pkg = variant
     # rotary_dim = K / 2 = 5 for K = 10: odd.
