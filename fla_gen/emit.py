@@ -121,7 +121,9 @@ def _common_context(rec: Recurrence) -> dict:
             "name": i.name,
             "layout": layout,
             "optional": i.optional,
-            "gate": any(t.input == i.name for t in rec.decay),
+            # Gates, and per-head parameters of transforms (A_log, dt_bias), may stay float32 with 16-bit inputs.
+            "gate": any(t.input == i.name for t in rec.decay) or (not i.per_token and any(
+                t.expr is not None and _reads(t.expr, i.name) for t in spec.transforms)),
             "doc": _arg_doc(rec, i.name, layout),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })

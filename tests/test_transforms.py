@@ -97,6 +97,16 @@ def test_decode_path_applies_transforms_on_load(monkeypatch):
     assert relative_error(o, ro) < 1e-5 and relative_error(ht, rht) < 1e-5
 
 
+def test_fp16_inputs_with_fp32_gate_parameters():
+    """Models keep g, A_log and dt_bias in float32 next to 16-bit q, k, v, beta: accepted, and right."""
+    x = raw_inputs(1, 10, 2, 16, 8)
+    half = {n: t if n in ("g", "A_log", "dt_bias") else t.half() for n, t in x.items()}
+    with torch.no_grad():
+        o, _ = generated(OP).fused_recurrent_gated_delta_rule_rope(*half.values())
+    ro, _ = generated(OP).gated_delta_rule_rope_reference(*[t.double() for t in half.values()])
+    assert o.dtype == torch.float16 and relative_error(o, ro) < TOLERANCE[torch.float16][0]
+
+
 def test_fused_equals_torch_transforms_then_plain_op():
     """chunk_gated_delta_rule_rope == torch rope / l2norm / sigmoid / gate, then chunk_gated_delta_rule."""
     x = raw_inputs(2, 20, 2, 16, 8)
