@@ -7,11 +7,15 @@ import hashlib
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecErrorFactory
-from fla_gen.ir import Apply, CheckedSpec, InputInfo, Lit, Node, ParamInfo, Ref, Ty, widest
+from fla_gen.ir import Apply, CheckedSpec, InputInfo, Lit, Node, ParamInfo, Ref, TransformInfo, Ty, widest
 
 LAYOUT_DIMS = ("B", "T", "H")
 # Elementwise functions: name → arity. Their result has the type of their argument.
 ELEMENTWISE = {"exp": 1, "log": 1, "sigmoid": 1, "softplus": 1}
+# Functions allowed only in a `transform` line (name → arity): l2norm is a full-row reduction.
+TRANSFORM_FN = {"l2norm": 1, "elu": 1, "silu": 1}
+ROPE_STYLES = ("neox", "interleaved")
+ROPE_OPTIONS = ("style", "rotary_dim", "base")
 # Functions with their own typing rules below.
 STRUCTURAL = {"outer": 2, "diag": 1}
 BINARY_FN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", "**": "pow"}
@@ -27,6 +31,9 @@ class _Checker:
         self.spec = spec
         self.err = SpecErrorFactory(spec.path, spec.source)
         self.names: dict[str, Ref] = {}
+        self.inputs: dict[str, InputInfo] = {}
+        # While checking a transform: the input it rebinds (the only per-token value it may read).
+        self.transform_target: str | None = None
 
     # ----------------------------------------------------------------- declarations
     def run(self) -> CheckedSpec:
@@ -62,6 +69,7 @@ class _Checker:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
                                "declare optional inputs (with '= 0') last, as Python arguments with defaults")
         params = tuple(self._param(s) for s in stmts if isinstance(s, S.ParamDecl))
+        transforms = self._transforms(stmts)
 
         updates = []
         for s in stmts:
@@ -96,17 +104,114 @@ class _Checker:
             raise self.err(out_stmt.expr.pos, f"the output has type {out.ty.show()}, expected [{value_dim}] "
                                               f"(one value vector per token)",
                            f"e.g. 'output {out_stmt.name} = scale * {state.name}^T @ q'")
-        self._check_all_used(inputs, params, updates, out)
+        self._check_all_used(inputs, params, updates, out, transforms)
         text = self.spec.source.replace("\r\n", "\n")
         return CheckedSpec(
             path=self.spec.path, source=self.spec.source,
             source_hash=hashlib.sha256(text.encode()).hexdigest()[:16],
             op=ops[0].name, package=packages[0].name if packages else ops[0].name, inputs=inputs,
             state_name=state.name, key_dim=key_dim, value_dim=value_dim,
-            params=params, updates=tuple(updates), output_name=out_stmt.name, output=out,
+            params=params, updates=tuple(updates), output_name=out_stmt.name, output=out, transforms=transforms,
         )
 
-    def _check_all_used(self, inputs, params, updates, out) -> None:
+    # ----------------------------------------------------------------- transforms
+    def _transforms(self, stmts) -> tuple[TransformInfo, ...]:
+        first_update = next((i for i, s in enumerate(stmts) if isinstance(s, S.Update)), len(stmts))
+        out: list[TransformInfo] = []
+        roped: set[str] = set()
+        for i, s in enumerate(stmts):
+            if not isinstance(s, S.Transform):
+                continue
+            if i > first_update:
+                raise self.err(s.pos, "a transform after the first update: transforms rebind inputs before the "
+                                      "recurrence reads them", "move the 'transform' lines above the 'update' lines")
+            for j, (name, p) in enumerate(zip(s.targets, s.target_pos, strict=True)):
+                if name not in self.inputs:
+                    hint = _did_you_mean(name, self.inputs)
+                    raise self.err(p, f"'transform {name}': '{name}' is not a declared input", hint)
+                if not self.inputs[name].per_token:
+                    raise self.err(p, f"'{name}' is a per-head input; transforms rebind per-token inputs "
+                                      f"[B, T, H, ...]", f"use '{name}' inside the transform of a per-token input")
+                if name in s.targets[:j]:
+                    raise self.err(p, f"'{name}' appears twice among the transform's targets")
+                if self.inputs[name].optional:
+                    raise self.err(p, f"'{name}' is optional ('= 0'); a transformed input must be given",
+                                   f"drop '= 0' from the declaration of '{name}'")
+            if isinstance(s.expr, S.Call) and s.expr.func == "rope":
+                info = self._rope(s)
+                for name, p in zip(s.targets, s.target_pos, strict=True):
+                    if name in roped:
+                        raise self.err(p, f"'{name}' is rotated twice; one rope per input")
+                    roped.add(name)
+                out.append(info)
+                continue
+            if len(s.targets) != 1:
+                raise self.err(s.target_pos[1], "only rope(...) transforms several inputs at once",
+                               f"write one 'transform {s.targets[0]} = ...' line per input")
+            target = s.targets[0]
+            self.transform_target = target
+            try:
+                node = self.expr(s.expr)
+            finally:
+                self.transform_target = None
+            want = self.inputs[target].ty
+            if node.ty.dims != want.dims:
+                raise self.err(s.expr.pos, f"the transform of '{target}' has type {node.ty.show()}, expected "
+                                           f"{want.show()} (the shape of '{target}')")
+            out.append(TransformInfo("map", (target,), node, s.pos))
+        return tuple(out)
+
+    def _rope(self, s: S.Transform) -> TransformInfo:
+        call = s.expr
+        if call.late_positional is not None:
+            raise self.err(call.late_positional, "a positional argument after a keyword argument")
+        names = [a.id if isinstance(a, S.Name) else None for a in call.args]
+        if tuple(names) != s.targets:
+            where = next((a.pos for a, n, t in zip(call.args, names, s.targets, strict=False) if n != t), call.pos)
+            targets = ", ".join(s.targets)
+            raise self.err(where, "rope rotates its arguments in place: its arguments must be the transform's "
+                                  "targets, in order", f"write 'transform {targets} = rope({targets}, ...)'")
+        dims = {self.inputs[n].vec_dim for n in s.targets}
+        if None in dims:
+            bad = next(n for n in s.targets if self.inputs[n].vec_dim is None)
+            raise self.err(s.target_pos[s.targets.index(bad)], f"rope rotates vectors; '{bad}' is a scalar per token")
+        if len(dims) > 1:
+            raise self.err(call.pos, "rope's inputs must share one head dim (the rotary table runs over it)")
+        (head_dim,) = dims
+        opts: dict[str, S.Kwarg] = {}
+        for kw in call.kwargs:
+            if kw.name not in ROPE_OPTIONS:
+                hint = _did_you_mean(kw.name, ROPE_OPTIONS) or f"rope's options: {', '.join(ROPE_OPTIONS)}"
+                raise self.err(kw.pos, f"unknown rope option '{kw.name}'", hint)
+            if kw.name in opts:
+                raise self.err(kw.pos, f"rope option '{kw.name}' is given twice")
+            opts[kw.name] = kw
+        style = "neox"
+        if "style" in opts:
+            v = opts["style"].value
+            if not (isinstance(v, S.Name) and v.id in ROPE_STYLES):
+                raise self.err(v.pos, "rope's style is 'neox' (rotate halves, GPT-NeoX) or 'interleaved' "
+                                      "(rotate adjacent pairs, GPT-J)")
+            style = v.id
+        rotary = Ref(head_dim, "dim", Ty((), "const"), call.pos)
+        if "rotary_dim" in opts:
+            v = opts["rotary_dim"].value
+            rotary = self.expr(v)
+            if rotary.ty.dims or rotary.ty.varies != "const":
+                raise self.err(v.pos, "rotary_dim must be a number or an expression of head dims (e.g. K or K / 2)")
+            if isinstance(rotary, Lit) and (rotary.value != int(rotary.value) or rotary.value <= 0
+                                            or int(rotary.value) % 2):
+                raise self.err(v.pos, f"rotary_dim must be a positive even integer, got {rotary.value:g}",
+                               "channels rotate in pairs")
+        base = 10000.0
+        if "base" in opts:
+            v = opts["base"].value
+            if not isinstance(v, S.Num) or v.value <= 1:
+                raise self.err(v.pos, "rope's base must be a number greater than 1 (e.g. 10000)")
+            base = v.value
+        return TransformInfo("rope", s.targets, None, s.pos, style, rotary, base)
+
+    def _check_all_used(self, inputs, params, updates, out, transforms=()) -> None:
         used: set[str] = set()
 
         def walk(n: Node) -> None:
@@ -118,6 +223,13 @@ class _Checker:
 
         for n in (*updates, out):
             walk(n)
+        recurrence_uses = set(used)
+        for tr in transforms:  # a transform's own target must still feed the recurrence
+            if tr.expr is not None:
+                walk(tr.expr)
+            for name in tr.targets:
+                if name not in recurrence_uses:
+                    raise self.err(tr.pos, f"'{name}' is transformed but the recurrence never reads it")
         for decl in (*inputs, *params):
             if decl.name not in used:
                 raise self.err(decl.pos, f"'{decl.name}' is declared but never used")
@@ -151,6 +263,7 @@ class _Checker:
         if s.name in LAYOUT_DIMS:
             raise self.err(s.pos, f"'{s.name}' is a layout dim and cannot name an input")
         self._declare(s.name, Ref(s.name, "input", info.ty, s.pos), s.pos)
+        self.inputs[s.name] = info
         return info
 
     def _param(self, s: S.ParamDecl) -> ParamInfo:
@@ -170,6 +283,13 @@ class _Checker:
                 hint = _did_you_mean(e.id, [n for n, r in self.names.items() if r.role != "dim"])
                 raise self.err(e.pos, f"unknown name '{e.id}'", hint or "declare it with 'input' or 'param'")
             ref = self.names[e.id]
+            if self.transform_target is not None and ref.name != self.transform_target:
+                info = self.inputs.get(ref.name)
+                if info is None or info.per_token or info.dims != ("H",):
+                    raise self.err(e.pos, f"the transform of '{self.transform_target}' reads '{e.id}'; a transform "
+                                          f"reads only its own input, per-head [H] inputs and numbers")
+                if info.optional:
+                    raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
             return Ref(ref.name, ref.role, ref.ty, e.pos)
         if isinstance(e, S.Neg):
             x = self.expr(e.operand)
@@ -222,16 +342,26 @@ class _Checker:
         return Apply(fn, (a, b), Ty(da[:-1] + db[1:], varies), e.pos)
 
     def _call(self, e: S.Call) -> Node:
-        arity = ELEMENTWISE.get(e.func, STRUCTURAL.get(e.func))
+        if e.func == "rope":
+            raise self.err(e.pos, "rope(...) is a transform: write it as the whole right side of a line "
+                                  "'transform q, k = rope(q, k)'")
+        if e.kwargs:
+            raise self.err(e.kwargs[0].pos, f"'{e.func}' takes no keyword arguments")
+        if e.func in TRANSFORM_FN and self.transform_target is None:
+            raise self.err(e.pos, f"'{e.func}' is a per-token transform: use it in a 'transform' line",
+                           f"e.g. 'transform q = {e.func}(q)'")
+        arity = ELEMENTWISE.get(e.func, STRUCTURAL.get(e.func, TRANSFORM_FN.get(e.func)))
         if arity is None:
-            hint = _did_you_mean(e.func, [*ELEMENTWISE, *STRUCTURAL])
-            known = ", ".join([*ELEMENTWISE, *STRUCTURAL])
+            hint = _did_you_mean(e.func, [*ELEMENTWISE, *STRUCTURAL, *TRANSFORM_FN, "rope"])
+            known = ", ".join([*ELEMENTWISE, *STRUCTURAL, *TRANSFORM_FN, "rope"])
             raise self.err(e.pos, f"unknown function '{e.func}'", hint or f"known functions: {known}")
         if len(e.args) != arity:
             raise self.err(e.pos, f"'{e.func}' takes {arity} argument{'s' if arity > 1 else ''}, got {len(e.args)}")
         args = tuple(self.expr(a) for a in e.args)
         varies = widest(*(a.ty.varies for a in args))
-        if e.func in ELEMENTWISE:
+        if e.func == "l2norm" and len(args[0].ty.dims) != 1:
+            raise self.err(e.pos, f"l2norm() normalizes a vector, got {args[0].ty.show()}")
+        if e.func in ELEMENTWISE or e.func in TRANSFORM_FN:
             if args[0].ty.varies == "state":
                 raise self.err(e.pos, f"'{e.func}' of the state: the update must be linear in the state")
             return Apply(e.func, args, Ty(args[0].ty.dims, varies), e.pos)

@@ -20,6 +20,7 @@ from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
 from fla_gen.runtime.plan_types import Plan
+from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -80,7 +81,7 @@ def _summary(source: str) -> str:
 
 def _statement_lines(rec: Recurrence) -> list[str]:
     src = rec.spec.source.splitlines()
-    rows = sorted({n.pos.line for n in (*rec.spec.updates, rec.spec.output)})
+    rows = sorted({n.pos.line for n in (*rec.spec.transforms, *rec.spec.updates, rec.spec.output)})
     return [src[r - 1].split("#")[0].strip() for r in rows]
 
 
@@ -93,10 +94,23 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
             "channel": "log-space decay per token and key channel (decay = exp(g))",
             "head": "log-space decay per head, constant over time",
         }[t.kind]
+    transforms = [t for t in rec.spec.transforms if name in t.targets]
+    reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
+             and _reads(t.expr, name)]
+    if transforms:
+        roles[name] = f"{roles.get(name, 'input')}, raw: the spec transforms it first (see above)"
+    elif reads:
+        roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
     doc = f"{shape} {roles.get(name, 'input')}"
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
+
+
+def _reads(n: Node, name: str) -> bool:
+    if isinstance(n, Ref):
+        return n.name == name
+    return isinstance(n, Apply) and any(_reads(a, name) for a in n.args)
 
 
 def _common_context(rec: Recurrence) -> dict:
@@ -109,7 +123,9 @@ def _common_context(rec: Recurrence) -> dict:
             "name": i.name,
             "layout": layout,
             "optional": i.optional,
-            "gate": any(t.input == i.name for t in rec.decay),
+            # Gates, and per-head parameters of transforms (A_log, dt_bias), may stay float32 with 16-bit inputs.
+            "gate": any(t.input == i.name for t in rec.decay) or (not i.per_token and any(
+                t.expr is not None and _reads(t.expr, i.name) for t in spec.transforms)),
             "doc": _arg_doc(rec, i.name, layout),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })
@@ -148,6 +164,11 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
     launch_args, launch_values = _kernel_bindings(rec)
+    transforms = plan_transforms(rec)
+    inline = None
+    if not chunked:  # the fused recurrent forwards load whole K rows per token: they can inline
+        inline = inline_transforms(transforms, bind_kernel_inputs(rec))
+    transform_block, transform_imports = _transform_block(rec, transforms, inline, launch_values)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -158,6 +179,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
+            inline=inline,
         ).strip("\n"),
         "chunked": chunked,
         "function_class": "".join(p.capitalize() for p in public.split("_")) + "Function",
@@ -178,6 +200,9 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "bounded_gate": rec.token_gate.input if chunked and algo.bounded_chunk_size and rec.token_gate else None,
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
+        "transform_block": transform_block,
+        "transform_imports": transform_imports,
+        "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
@@ -202,6 +227,59 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
             aliased |= {(a, dtype, hd) for a, hd in same}
     full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
     return {"plans": full, "aliases": aliases}
+def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str:
+    ctx = dict(common)
+    sizes = {d: next((f"targets[{i}].shape[-1]" for i, (_, s) in enumerate(t.targets) if s == d), "1")
+             for d in ("K", "V")}
+    lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
+    ctx.update({
+        "t": t,
+        "transform_lines": lines,
+        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
+                                  + [f"y_{n}" for n, _ in t.targets]),
+        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
+                                  + [f"dy_{n}" for n, _ in t.targets] + [f"dx_{n}" for n, _ in t.targets]
+                                  + [f"dp_{h}" for h in t.heads]),
+        "all_inputs": [n for n, _ in t.targets] + list(t.heads),
+        "first_target": t.targets[0][0],
+        "k_size": sizes["K"],
+        "v_size": sizes["V"],
+        "function_class": "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms",
+        "public_op": rec.spec.op,
+    })
+    return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)
+
+
+def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineTransforms | None,
+                     launch_values: list[str]) -> tuple[str, str]:
+    """The public op's lines that apply the transforms (indented 4) and what they import from
+    ``.transforms``; empty without transforms. With ``inline`` (a kernel that applies them on load),
+    a call without autograd launches that forward directly on the raw inputs."""
+    if t is None:
+        return "", ""
+    targets = ", ".join(n for n, _ in t.targets)
+    args = ", ".join([n for n, _ in t.targets] + list(t.heads))
+    offsets = "seqlen_offsets" if t.ropes else "0"
+    rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
+    targets += "," if len(t.targets) == 1 else ""
+    lines = []
+    imports = [f"{t.op}_transforms"]
+    if inline is not None:
+        key = rec.query.input
+        tensors = ", ".join([i.name for i in rec.spec.inputs] + ["initial_state"])
+        heads = "".join(f"{h}.contiguous(), " for h in t.heads)
+        lines += [
+            f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
+            "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
+            f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
+            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(rec)},",
+            "                                            initial_state, output_final_state, cu_seqlens, plan,",
+            f"                                            transform_args=({heads}positions, *rope_dims))",
+            "    return o, final_state",
+        ]
+        imports += [f"{t.op}_transform_args", "_gather", "_rope_coefs"]
+    lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
@@ -216,6 +294,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "fetches": ref.token_fetches,
         "updates": ref.updates,
         "output": ref.output,
+        "transforms": ref.transforms,
+        "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
@@ -230,7 +310,10 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
              f"pairwise decays; used when the bound is at least the plan's gate_bound)",
              **_plan_rows(plan_table(rec, chunk_algo, bounded=True))})
     pkg = rec.spec.package
-    return (
+    transforms = plan_transforms(rec)
+    extra = () if transforms is None else (
+        GeneratedFile(f"{pkg}/transforms.py", _transforms_module(rec, transforms, common)),)
+    return extra + (
         GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
         GeneratedFile(f"{pkg}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
         GeneratedFile(f"{pkg}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),

@@ -91,6 +91,27 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
+class TransformInfo:
+    """One ``transform`` line: per-token inputs rebound before the recurrence reads them.
+
+    ``kind`` ``map``: one target, ``expr`` its new value, in which a Ref to the target is its current
+    value (after earlier transforms) and other Refs are per-head [H] inputs; numbers otherwise.
+    ``kind`` ``rope``: rotary embedding of each target ([B, T, H, D]) at its token's position;
+    ``style`` ``neox`` (rotate halves) or ``interleaved`` (rotate pairs), the first ``rotary_dim``
+    channels rotate (a scalar of head dims and numbers), the rest pass through; ``base`` the
+    frequency base (inverse frequencies base^(-2i/rotary_dim), Su et al., 2021).
+    """
+
+    kind: str
+    targets: tuple[str, ...]
+    expr: Node | None
+    pos: Pos
+    style: str = "neox"
+    rotary_dim: Node | None = None
+    base: float = 10000.0
+
+
+@dataclass(frozen=True)
 class CheckedSpec:
     """A spec whose names resolve and whose expressions are well typed."""
 
@@ -107,6 +128,13 @@ class CheckedSpec:
     updates: tuple[Node, ...]
     output_name: str
     output: Node
+    transforms: tuple[TransformInfo, ...] = ()
 
     def input(self, name: str) -> InputInfo:
         return next(i for i in self.inputs if i.name == name)
+
+    @property
+    def transformed(self) -> tuple[str, ...]:
+        """The inputs some transform rebinds, in declaration order."""
+        names = {t for tr in self.transforms for t in tr.targets}
+        return tuple(i.name for i in self.inputs if i.name in names)

@@ -39,6 +39,7 @@ _TERMINAL_WORDS = {
     "PARAM": "'param'",
     "UPDATE": "'update'",
     "OUTPUT": "'output'",
+    "TRANSFORM": "'transform'",
 }
 
 
@@ -99,6 +100,13 @@ class _ToSyntax(Transformer):
     def output(self, meta, items):
         return S.Output(str(items[0]), items[1], _pos(meta))
 
+    def transform_decl(self, meta, items):
+        names = items[:-1]
+        return S.Transform(tuple(str(n) for n in names), tuple(_pos(n) for n in names), items[-1], _pos(meta))
+
+    def kwarg(self, meta, items):
+        return S.Kwarg(str(items[0]), items[1], _pos(items[0]))
+
     def number(self, meta, items):
         return S.Num(float(items[0]), _pos(items[0]))
 
@@ -106,8 +114,12 @@ class _ToSyntax(Transformer):
         return S.Name(str(items[0]), _pos(items[0]))
 
     def call(self, meta, items):
-        func, args = items[0], tuple(a for a in items[1:] if a is not None)
-        return S.Call(str(func), args, _pos(func))
+        func, rest = items[0], [a for a in items[1:] if a is not None]
+        args = tuple(a for a in rest if not isinstance(a, S.Kwarg))
+        kwargs = tuple(a for a in rest if isinstance(a, S.Kwarg))
+        first_kw = next((i for i, a in enumerate(rest) if isinstance(a, S.Kwarg)), len(rest))
+        late = next((a.pos for a in rest[first_kw:] if not isinstance(a, S.Kwarg)), None)
+        return S.Call(str(func), args, _pos(func), kwargs, late)
 
     def _binary(op):  # noqa: N805 - a factory used in the class body
         def build(self, meta, items):

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref
 
 _TORCH_FN = {"exp": "torch.exp", "log": "torch.log", "sigmoid": "torch.sigmoid",
-             "softplus": "torch.nn.functional.softplus"}
+             "softplus": "torch.nn.functional.softplus", "elu": "torch.nn.functional.elu",
+             "silu": "torch.nn.functional.silu"}
+# l2norm's epsilon, inside the square root as in fla's l2norm: x / sqrt(sum(x^2) + eps).
+L2NORM_EPS = 1e-6
 
 
 def _expand(code: str, node: Node, to_dims: tuple[str, ...]) -> str:
@@ -22,7 +25,7 @@ def _expand(code: str, node: Node, to_dims: tuple[str, ...]) -> str:
     inside a [K, V] matrix and a vector over V ``[..., 1, V]``.
     """
     dims = node.ty.dims
-    if dims == to_dims:
+    if dims == to_dims or isinstance(node, Lit):  # a Python number broadcasts by itself
         return code
     if not dims:
         return f"{code}[{', '.join(['...'] + ['None'] * len(to_dims))}]"
@@ -36,13 +39,14 @@ class TorchExpr:
     """Renders typed IR as a torch expression over per-token locals named ``<input>_t``."""
 
     state_name: str
+    whole: bool = False  # render inputs as whole tensors (transforms) instead of per-token locals
 
     def render(self, n: Node) -> str:
         if isinstance(n, Lit):
             return repr(float(n.value))
         if isinstance(n, Ref):
             if n.role == "input":
-                return f"{n.name}_t"
+                return n.name if self.whole else f"{n.name}_t"
             return n.name  # the state, a param (a 0-d tensor) or a head dim (an int)
         assert isinstance(n, Apply)
         a = n.args
@@ -72,6 +76,8 @@ class TorchExpr:
             if len(da) == 1 and len(db) == 1:
                 return f"({r[0]} * {r[1]}).sum(-1)"
             return f"({r[0]} @ {r[1]})"
+        if n.fn == "l2norm":
+            return f"({r[0]} * torch.rsqrt(({r[0]} * {r[0]}).sum(-1, keepdim=True) + {L2NORM_EPS!r}))"
         if n.fn in _TORCH_FN:
             return f"{_TORCH_FN[n.fn]}({r[0]})"
         raise AssertionError(f"no torch rendering for {n.fn}")
@@ -84,6 +90,7 @@ class ReferenceCode:
     token_fetches: tuple[tuple[str, str], ...]  # (local name, code) read at every token
     updates: tuple[str, ...]
     output: str
+    transforms: tuple[str, ...] = ()  # statements on whole [B, T, H, ...] tensors, before the token loop
 
 
 def derive_reference(spec: CheckedSpec) -> ReferenceCode:
@@ -97,4 +104,27 @@ def derive_reference(spec: CheckedSpec) -> ReferenceCode:
     fetches = tuple(
         (f"{i.name}_t", f"{i.name}[rows, t]" if i.per_token else i.name) for i in spec.inputs
     )
-    return ReferenceCode(fetches, tuple(r.render(u) for u in spec.updates), r.render(spec.output))
+    return ReferenceCode(fetches, tuple(r.render(u) for u in spec.updates), r.render(spec.output),
+                         derive_transforms(spec))
+
+
+def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
+    """The spec's transform lines as torch statements on whole tensors, in order.
+
+    Inputs are whole tensors ([B, T, H, ...] per token, [H] per head); a rope line calls
+    ``fla_gen.runtime.rotary.rope_reference`` with ``positions`` ([B, T]) and the rotary dim
+    evaluated from the head-dim locals.
+    """
+    from fla_gen.emit import render_scalar  # the host-side scalar renderer; emit imports this module
+
+    r = TorchExpr(spec.state_name, whole=True)
+    lines = []
+    for tr in spec.transforms:
+        if tr.kind == "rope":
+            args = f"positions, int({render_scalar(tr.rotary_dim)}), {tr.base!r}, {tr.style == 'interleaved'}"
+            lhs = ", ".join(tr.targets)
+            rhs = ", ".join(f"rope_reference({t}, {args})" for t in tr.targets)
+            lines.append(f"{lhs} = {rhs}")
+        else:
+            lines.append(f"{tr.targets[0]} = {r.render(tr.expr)}")
+    return tuple(lines)

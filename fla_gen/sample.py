@@ -17,9 +17,10 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
     retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
-    Keys and queries of a rank-1 (delta) transition are L2-normalized; a general rank-1 term b aᵀ
-    gets a = -k̂, b = η k̂ (RWKV-7's form). Gates are float32;
-    everything else ``dtype``.
+    Keys and queries of a rank-1 (delta) transition are L2-normalized, unless the spec transforms
+    them (then it normalizes them itself, e.g. ``transform k = l2norm(k)``); transformed per-token
+    scalars (e.g. a beta under a sigmoid) are N(0, 1); a general rank-1 term b aᵀ gets a = -k̂,
+    b = η k̂ (RWKV-7's form). Gates are float32; everything else ``dtype``.
     """
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
@@ -33,6 +34,8 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     rank1_pair = None
     if rec.family == "general_rank1" and rec.low_rank.u.input and rec.low_rank.w.input:
         rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
+    transformed = set(spec.transformed)
+    unit_norm -= transformed
     dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
     out = {}
     for i in spec.inputs:
@@ -42,6 +45,8 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
             x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64, device="cpu"))).float()
         elif kind is not None:
             x = F.logsigmoid(torch.randn(shape, generator=gen, device="cpu"))
+        elif i.vec_dim is None and i.name in transformed:
+            x = torch.randn(shape, generator=gen, device="cpu").to(dtype)
         elif i.vec_dim is None:
             x = torch.sigmoid(torch.randn(shape, generator=gen, device="cpu")).to(dtype)
         else:

@@ -20,10 +20,22 @@ class Name:
 
 
 @dataclass(frozen=True)
+class Kwarg:
+    """``name=value`` inside a call (the options of ``rope``)."""
+
+    name: str
+    value: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class Call:
     func: str
     args: tuple[Expr, ...]
     pos: Pos
+    kwargs: tuple[Kwarg, ...] = ()
+    # Where the first keyword argument was followed by a positional one (an error the checker reports).
+    late_positional: Pos | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,17 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Transform:
+    """``transform q, k = expr``: rebinds per-token inputs to a function of themselves, before the
+    recurrence reads them (``rope(q, k, ...)``, ``l2norm(q)``, ``-exp(A_log) * softplus(g + dt_bias)``)."""
+
+    targets: tuple[str, ...]
+    target_pos: tuple[Pos, ...]
+    expr: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class OpDecl:
     name: str
     pos: Pos
@@ -105,7 +128,7 @@ class PackageDecl:
     pos: Pos
 
 
-Statement = OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | Update | Output
+Statement = OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | Transform | Update | Output
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ param scale = K ** -0.5
 """
 # Lines 1-6 are HEAD; the statement under test is on line 7.
 OUT = "output o = scale * S^T @ q\n"
+# For transform lines: HEAD plus a per-token gate g and a per-head A (lines 1-8); the line under test is line 9.
+THEAD = HEAD.replace("state", "input g: [B, T, H]\ninput A: [H]\nstate")
+UPD = "update S = exp(g) * S + outer(k, v)\n" + OUT
 
 
 def compile_source(source: str):
@@ -65,6 +68,38 @@ CASES = [
     ("transposed outer arg", HEAD + "update S = S + outer(S, v)\n" + OUT, 7, 22, "outer() takes two vectors"),
     ("param from a tensor", HEAD.replace("param scale = K ** -0.5", "param scale = q") + "update S = S + outer(k, v)\n"
      + OUT, 6, 15, "must be a scalar made of numbers"),
+    # transform lines
+    ("transform after update", THEAD + UPD.replace(OUT, "") + "transform q = l2norm(q)\n" + OUT, 10, 1,
+     "after the first update"),
+    ("transform of an unknown input", THEAD + "transform x = l2norm(x)\n" + UPD, 9, 11, "not a declared input"),
+    ("transform of a per-head input", THEAD + "transform A = exp(A)\n" + UPD, 9, 11, "per-head input"),
+    ("transform reads another input", THEAD + "transform q = q * g\n" + UPD, 9, 19, "reads only its own input"),
+    ("transform changes the shape", THEAD + "transform q = sigmoid(q) @ q\n" + UPD, 9, 26,
+     "has type scalar, expected [K]"),
+    ("l2norm outside a transform", THEAD + "update S = exp(g) * S + outer(l2norm(k), v)\n" + OUT, 9, 31,
+     "per-token transform"),
+    ("l2norm of a scalar", THEAD + "transform g = l2norm(g)\n" + UPD, 9, 15, "normalizes a vector"),
+    ("rope arguments not the targets", THEAD + "transform q, k = rope(k, q)\n" + UPD, 9, 23,
+     "must be the transform's targets"),
+    ("rope unknown option", THEAD + "transform q, k = rope(q, k, stlye=neox)\n" + UPD, 9, 29,
+     "unknown rope option 'stlye'"),
+    ("rope unknown style", THEAD + "transform q, k = rope(q, k, style=gptj)\n" + UPD, 9, 35, "'neox'"),
+    ("rope odd rotary dim", THEAD + "transform q, k = rope(q, k, rotary_dim=7)\n" + UPD, 9, 40,
+     "positive even integer"),
+    ("rope of a scalar", THEAD + "transform g = rope(g)\n" + UPD, 9, 11, "rope rotates vectors"),
+    ("rope inside an expression", THEAD + "transform q = 2 * rope(q)\n" + UPD, 9, 19, "is a transform"),
+    ("several targets without rope", THEAD + "transform q, k = l2norm(q)\n" + UPD, 9, 14, "only rope(...)"),
+    ("keyword to a plain function", THEAD + "transform q = l2norm(q, eps=1)\n" + UPD, 9, 25, "no keyword arguments"),
+    ("positional after keyword", THEAD + "transform q, k = rope(q, style=neox, k)\n" + UPD, 9, 38,
+     "positional argument after"),
+    ("rope twice", THEAD + "transform q, k = rope(q, k)\ntransform q = rope(q)\n" + UPD, 10, 11, "rotated twice"),
+    ("transformed but never read", HEAD.replace("state", "input g: [B, T, H]\nstate")
+     + "transform g = sigmoid(g)\nupdate S = S + outer(k, v)\n" + OUT, 8, 1, "recurrence never reads"),
+    ("transform without targets", THEAD + "transform = l2norm(q)\n" + UPD, 9, 11, "unexpected '='"),
+    ("transform of an optional input", THEAD.replace("input g: [B, T, H]\ninput A: [H]", "input g: [B, T, H] = 0")
+     + "transform g = sigmoid(g)\n" + UPD, 8, 11, "is optional"),
+    ("transform reads an optional per-head input", THEAD.replace("input A: [H]", "input A: [H] = 0")
+     + "transform g = g + A\n" + UPD, 9, 19, "is optional"),
 ]
 
 

@@ -1,0 +1,278 @@
+"""Lower a spec's ``transform`` lines to the body of one fused Triton kernel pair.
+
+The forward kernel runs every transform of one (token, head) in registers: it reads each
+transformed input's raw row once and writes the transformed row once. The backward kernel
+recomputes that forward (cheap, elementwise) and walks it in reverse, emitting the
+vector-Jacobian product of each step, so it reads the raw rows and the recurrence's gradients
+once and writes the inputs' gradients once; per-head inputs (A_log, dt_bias) get one fp32
+partial per (token, head), summed over tokens on the host.
+
+The lowering is straight-line SSA: each IR node becomes one ``tN = ...`` statement over fp32
+values, a scalar or a vector over a head dim (``K``/``V``, padded to a power of two and
+masked by ``m_K``/``m_V``). Gradients follow the chain rule step by step (reverse mode).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fla_gen.canonical import Recurrence
+from fla_gen.ir import Apply, Lit, Node, Ref
+from fla_gen.plan import KernelInputs
+from fla_gen.reference import L2NORM_EPS
+
+
+@dataclass(frozen=True)
+class RopeArgs:
+    """One rope transform: its kernel arguments are ``rope<i>_dim`` (the rotary dim, an int at call
+    time) and its constants; ``rotary_dim`` is host code of the head-dim locals (``call.K``)."""
+
+    index: int
+    targets: tuple[str, ...]
+    interleaved: bool
+    log2_base: float
+    rotary_dim: str
+    dim: str  # "K" or "V": the head dim it runs over
+
+
+@dataclass(frozen=True)
+class TransformKernel:
+    """What the transform templates render.
+
+    ``targets``: (input, "K" | "V" | "") per transformed input, "" for a per-token scalar;
+    ``heads``: per-head [H] inputs the transforms read; ``dims``: the head dims with vectors;
+    ``fwd``: statements computing every target's final value ``outs[name]`` from ``raw[name]``;
+    ``bwd``: statements after ``fwd`` that accumulate gradients, from ``dy_<name>`` loaded into
+    ``grads_in[name]``, into ``grads_out[name]`` (targets and per-head inputs).
+    """
+
+    op: str
+    targets: tuple[tuple[str, str], ...]
+    heads: tuple[str, ...]
+    dims: tuple[str, ...]
+    ropes: tuple[RopeArgs, ...]
+    fwd: tuple[str, ...]
+    raw: dict
+    outs: dict
+    bwd: tuple[str, ...]
+    grads_in: dict
+    grads_out: dict
+    fp32_outputs: tuple[str, ...]  # targets stored as float32 (log gates)
+
+
+class _Lowering:
+    def __init__(self, rec: Recurrence) -> None:
+        spec = rec.spec
+        self.rec = rec
+        self.letter = {spec.key_dim: "K", spec.value_dim: "V"}
+        self.n = 0
+        self.lines: list[str] = []
+        self.shape: dict[str, str] = {}  # var -> "K" | "V" | ""
+        self.tape: list[tuple[str, str, tuple[str, ...], dict]] = []
+        self.current: dict[str, str] = {}
+        self.heads: dict[str, str] = {}
+
+    def new(self, code: str, shape: str) -> str:
+        v = f"t{self.n}"
+        self.n += 1
+        self.lines.append(f"{v} = {code}")
+        self.shape[v] = shape
+        return v
+
+    def record(self, fn: str, args: tuple[str, ...], code: str, shape: str, **extra) -> str:
+        v = self.new(code, shape)
+        self.tape.append((v, fn, args, extra))
+        return v
+
+    def lower(self, n: Node) -> str:
+        if isinstance(n, Lit):
+            return repr(float(n.value))
+        if isinstance(n, Ref):
+            if n.name in self.current:
+                return self.current[n.name]
+            if n.name not in self.heads:
+                self.heads[n.name] = self.new(f"tl.load(p_{n.name} + i_h).to(tl.float32)", "")
+            return self.heads[n.name]
+        assert isinstance(n, Apply)
+        args = tuple(self.lower(a) for a in n.args)
+        shapes = [self.shape.get(a, "") for a in args]
+        shape = next((s for s in shapes if s), "")
+        a = args[0]
+        binary = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+        if n.fn in binary:
+            return self.record(n.fn, args, f"{args[0]} {binary[n.fn]} {args[1]}", shape)
+        code = {
+            "neg": f"-{a}",
+            "exp": f"tl.exp({a})",
+            "log": f"tl.log({a})",
+            "sigmoid": f"tl.sigmoid({a})",
+            # log(1 + e^x) = x for x > 20 within fp32 rounding; avoids overflow of e^x.
+            "softplus": f"tl.where({a} > 20.0, {a}, tl.log(1.0 + tl.exp(tl.minimum({a}, 20.0))))",
+            "elu": f"tl.where({a} > 0.0, {a}, tl.exp(tl.minimum({a}, 0.0)) - 1.0)",
+            "silu": f"{a} * tl.sigmoid({a})",
+        }.get(n.fn)
+        if code is not None:
+            return self.record(n.fn, args, code, shape)
+        if n.fn == "l2norm":
+            m = self.new(f"tl.where(m_{shape}, {a}, 0.0)", shape)
+            r = self.new(f"1.0 / tl.sqrt(tl.sum({m} * {m}, axis=0) + {L2NORM_EPS!r})", "")
+            return self.record("l2norm", (a,), f"{m} * {r}", shape, r=r)
+        raise ValueError(f"the fused transform kernels cannot lower '{n.fn}' (in a transform of "
+                         f"{self.rec.spec.op})")
+
+    def rope(self, x: str, j: int) -> str:
+        shape = self.shape[x]
+        return self.record("rope", (x,), f"{x} * rc{j} + rs{j} * _gather({x}, rp{j}, o_{shape})", shape, j=j)
+
+    def backward(self, adj: dict[str, str]) -> list[str]:
+        """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
+        out: list[str] = []
+        k = [0]
+
+        def fresh(code: str) -> str:
+            v = f"d{k[0]}"
+            k[0] += 1
+            out.append(f"{v} = {code}")
+            return v
+
+        def add(var: str, contrib: str, from_shape: str) -> None:
+            if var not in self.shape:
+                return  # a literal
+            if not self.shape[var] and from_shape:
+                contrib = f"tl.sum({contrib}, axis=0)"
+            adj[var] = fresh(f"{adj[var]} + {contrib}" if var in adj else contrib)
+
+        for v, fn, args, extra in reversed(self.tape):
+            if v not in adj:
+                continue
+            dy, s = adj[v], self.shape[v]
+            a = args[0]
+            if fn == "add":
+                add(args[0], dy, s)
+                add(args[1], dy, s)
+            elif fn == "sub":
+                add(args[0], dy, s)
+                add(args[1], f"-{dy}", s)
+            elif fn == "mul":
+                add(args[0], f"{dy} * {args[1]}", s)
+                add(args[1], f"{dy} * {args[0]}", s)
+            elif fn == "div":
+                add(args[0], f"{dy} / {args[1]}", s)
+                add(args[1], f"-{dy} * {args[0]} / ({args[1]} * {args[1]})", s)
+            elif fn == "neg":
+                add(a, f"-{dy}", s)
+            elif fn == "exp":
+                add(a, f"{dy} * {v}", s)
+            elif fn == "log":
+                add(a, f"{dy} / {a}", s)
+            elif fn == "sigmoid":
+                add(a, f"{dy} * {v} * (1.0 - {v})", s)
+            elif fn == "softplus":
+                add(a, f"{dy} * tl.sigmoid({a})", s)
+            elif fn == "elu":
+                add(a, f"{dy} * tl.where({a} > 0.0, 1.0, tl.exp(tl.minimum({a}, 0.0)))", s)
+            elif fn == "silu":
+                add(a, f"{dy} * (tl.sigmoid({a}) * (1.0 + {a} * (1.0 - tl.sigmoid({a}))))", s)
+            elif fn == "l2norm":
+                r = extra["r"]
+                add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * tl.sum({dy} * {v}, axis=0)), 0.0)", s)
+            elif fn == "rope":
+                j = extra["j"]
+                add(a, f"{dy} * rc{j} + _gather({dy} * rs{j}, rp{j}, o_{s})", s)
+            else:
+                raise AssertionError(fn)
+        return out
+
+
+def plan_transforms(rec: Recurrence) -> TransformKernel | None:
+    """The fused transform kernels of a spec, or None when it declares no transforms.
+
+    Raises:
+        ValueError: a transform uses a function these kernels cannot lower.
+    """
+    spec = rec.spec
+    if not spec.transforms:
+        return None
+    low = _Lowering(rec)
+    raw: dict[str, str] = {}
+    targets = []
+    for name in spec.transformed:
+        info = spec.input(name)
+        shape = low.letter[info.vec_dim] if info.vec_dim else ""
+        targets.append((name, shape))
+        if shape:
+            code = f"tl.load(x_{name} + row * {shape} + o_{shape}, mask=m_{shape}, other=0.0).to(tl.float32)"
+        else:
+            code = f"tl.load(x_{name} + row).to(tl.float32)"
+        raw[name] = low.new(code, shape)
+        low.current[name] = raw[name]
+    ropes = []
+    for tr in spec.transforms:
+        if tr.kind == "rope":
+            j = len(ropes)
+            from fla_gen.emit import render_scalar  # emit imports this module
+
+            dim = low.letter[spec.input(tr.targets[0]).vec_dim]
+            ropes.append(RopeArgs(j, tr.targets, tr.style == "interleaved", math.log2(tr.base),
+                                  f"int({render_scalar(tr.rotary_dim, 'call.')})", dim))
+            low.lines.append(f"rc{j}, rs{j}, rp{j} = _rope_coefs(o_{dim}, b_pos, rope{j}_dim, {math.log2(tr.base)!r}, "
+                             f"{tr.style == 'interleaved'})")
+            for t in tr.targets:
+                low.current[t] = low.rope(low.current[t], j)
+        else:
+            (t,) = tr.targets
+            low.current[t] = low.lower(tr.expr)
+    outs = {name: low.current[name] for name, _ in targets}
+    fwd = tuple(low.lines)
+    grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(targets)}
+    adj: dict[str, str] = {}
+    pre: list[str] = []
+    for name, _ in targets:
+        v = outs[name]
+        if v in adj:  # an input left unchanged by its transforms cannot share a var with another
+            pre.append(f"{grads_in[name]}s = {adj[v]} + {grads_in[name]}")
+            adj[v] = f"{grads_in[name]}s"
+        else:
+            adj[v] = grads_in[name]
+    bwd = tuple(pre + low.backward(adj))
+    grads_out = {name: adj.get(raw[name], "0.0") for name, _ in targets}
+    grads_out.update({h: adj.get(v, "0.0") for h, v in low.heads.items()})
+    gate_inputs = {t.input for t in rec.decay}
+    dims = tuple(d for d in ("K", "V") if any(s == d for _, s in targets))
+    return TransformKernel(
+        op=spec.op, targets=tuple(targets), heads=tuple(low.heads), dims=dims, ropes=tuple(ropes), fwd=fwd, raw=raw,
+        outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
+        fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs),
+    )
+
+
+@dataclass(frozen=True)
+class InlineTransforms:
+    """The transforms rendered inside a recurrent kernel's token loop, where the kernel loads its inputs.
+
+    ``params``: extra kernel parameters (per-head pointers, positions, rotary dims); ``body``: statements
+    at the top of the loop (after ``row``, the token's [B * T, H] row, is set); ``values``: kernel input
+    (``q``, ``k``, ``g``, ``beta``) → the fp32 register value that replaces its load.
+    """
+
+    params: tuple[str, ...]
+    body: str
+    values: dict
+
+
+def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineTransforms | None:
+    """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
+    recurrent forward kernels), or None when they cannot be inlined: a transformed V vector (those
+    kernels tile V) or a transformed input the kernel does not take."""
+    if t is None or any(d == "V" for _, d in t.targets):
+        return None
+    role_of = dict(zip(bound.inputs, bound.names, strict=True))
+    if any(name not in role_of for name, _ in t.targets):
+        return None
+    params = tuple([f"p_{h}" for h in t.heads] + ["pos"] + [f"rope{r.index}_dim" for r in t.ropes])
+    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{name} = {role_of[name]}" for name, _ in t.targets]
+    if t.ropes:
+        body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
+    body += list(t.fwd)
+    return InlineTransforms(params, "\n".join(body), {role_of[name]: t.outs[name] for name, _ in t.targets})
