@@ -41,7 +41,7 @@ class CallShape:
     V: int
     N: int
     dtype: torch.dtype
-    cu_seqlens_cpu: torch.Tensor | None
+    cu_seqlens_cpu: torch.Tensor | None  # None only while torch.compile traces a call without it
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -133,7 +133,7 @@ def validate_call(
     N = B
     if cu_seqlens is not None or cu_seqlens_cpu is not None:
         cu_seqlens_cpu = _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
-        N = len(cu_seqlens_cpu) - 1
+        N = cu_seqlens.shape[0] - 1
 
     if initial_state is not None:
         _expect_tensor(op, "initial_state", initial_state, False)
@@ -163,17 +163,24 @@ def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.
     if B != 1:
         raise ValueError(f"{op}: with cu_seqlens the batch must be packed into B = 1, got B = {B}; "
                          f"flatten the batch to [1, total_tokens, ...]")
-    if cu_seqlens_cpu is None:
-        cu_seqlens_cpu = cu_seqlens.detach().to("cpu")  # one sync; pass cu_seqlens_cpu to avoid it
-    else:
+    if cu_seqlens_cpu is not None:
         _expect_tensor(op, "cu_seqlens_cpu", cu_seqlens_cpu, False)
         if cu_seqlens_cpu.device.type != "cpu":
             raise ValueError(f"{op}: cu_seqlens_cpu must be on the CPU, got {cu_seqlens_cpu.device}")
         if cu_seqlens_cpu.shape != cu_seqlens.shape:
             raise ValueError(f"{op}: cu_seqlens_cpu has shape {_shape(cu_seqlens_cpu)} but cu_seqlens has "
                              f"{_shape(cu_seqlens)}")
-    # A Python list: checks on a handful of ints cost far less than small tensor ops.
-    bounds = cu_seqlens_cpu.tolist()
+    if torch.compiler.is_compiling():
+        # Reading values would break the graph: the op checks them when it runs (runtime/torch_op.py).
+        return cu_seqlens_cpu
+    if cu_seqlens_cpu is None:
+        cu_seqlens_cpu = cu_seqlens.detach().to("cpu")  # one sync; pass cu_seqlens_cpu to avoid it
+    check_cu_seqlens_values(op, cu_seqlens_cpu.tolist(), T)
+    return cu_seqlens_cpu
+
+
+def check_cu_seqlens_values(op: str, bounds: list[int], T: int) -> None:
+    """Raise ValueError unless the offsets ``bounds`` [N + 1] start at 0, never decrease and end at T."""
     if bounds[0] != 0:
         raise ValueError(f"{op}: cu_seqlens must start at 0, got {bounds[0]}")
     for i in range(len(bounds) - 1):
@@ -182,4 +189,3 @@ def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.
                              f"positions {i}, {i + 1}")
     if bounds[-1] != T:
         raise ValueError(f"{op}: cu_seqlens must end at T = {T} (the inputs' length), got {bounds[-1]}")
-    return cu_seqlens_cpu
