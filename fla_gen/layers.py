@@ -145,8 +145,10 @@ class RecurrentLayer(nn.Module):
                 if role in ("query", "key", "value"):
                     conv_channels += self.H * width[layout[3:]]
             elif layout == "H" and role == "gate":
+                # Stored as p with log decay -softplus(p) < 0, initialised to retention's log(1 - 2^(-5-h)).
                 h = torch.arange(self.H, dtype=torch.float32)
-                self.head_params[name] = nn.Parameter(torch.log1p(-(2.0 ** (-5.0 - h))))
+                neg_log_decay = -torch.log1p(-(2.0 ** (-5.0 - h)))
+                self.head_params[name] = nn.Parameter(torch.log(torch.expm1(neg_log_decay)))
             else:
                 raise TypeError(f"{type(self).__name__}: no projection for input {name!r} ({layout}, {role})")
         self.conv = nn.Parameter(torch.zeros(conv_channels, conv_size)) if conv_size > 0 else None
@@ -196,7 +198,7 @@ class RecurrentLayer(nn.Module):
         for (name, _), part in zip(conv_in, mixed.split([p.shape[-1] for _, p in conv_in], -1), strict=True):
             values[name] = part.reshape(B, T, H, -1)
         for name, param in self.head_params.items():
-            values[name] = -F.softplus(-param)  # keep the learned log decay negative: decay = exp(.) < 1
+            values[name] = -F.softplus(param)
         names = [n for n, *_ in self.ops.inputs]
         roles = {role: n for n, _, role, _ in self.ops.inputs}
         values[roles["query"]], values[roles["key"]] = self._mix(values[roles["query"]], values[roles["key"]])
