@@ -127,6 +127,23 @@ def backward_outputs(grads: Sequence[torch.Tensor | None], like: Sequence[torch.
     return out
 
 
+def call_op(op: Callable, body: Callable, *args) -> list:
+    """Run the custom op ``op``, or its body directly where the dispatcher adds nothing.
+
+    The dispatcher costs ~40 us of host time per call (measured on the CPU, kernels stubbed: 84 us
+    against 44 us for a decode step), which a T = 1 decode step feels. When no gradient is needed,
+    nothing is being traced (no torch.compile, no fake or functional tensors: plain tensors only),
+    ``body`` — the very function the op runs — is called directly. CUDA-graph capture works either way.
+    """
+    if torch.compiler.is_compiling():
+        return op(*args)
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
+            return op(*args)
+    return body(*args)
+
+
 @dataclass(frozen=True)
 class OpSignature:
     """The tensors of a launcher, in order, and which of them may be None."""

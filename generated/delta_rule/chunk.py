@@ -13,6 +13,7 @@ from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
+    call_op,
     chunk_tables,
     define_op,
     forward_outputs,
@@ -1058,8 +1059,8 @@ def chunk_delta_rule(
     )
     if scale is None:
         scale = call.K ** -0.5
-    o, final_state, *_ = _chunk_delta_rule_op(
-        q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
+    o, final_state, *_ = call_op(
+        _chunk_delta_rule_op, _op_forward, q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu,
     )
     return o, final_state if output_final_state else None

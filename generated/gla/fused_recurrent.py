@@ -13,6 +13,7 @@ from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
+    call_op,
     define_op,
     forward_outputs,
     varlen_bounds,
@@ -464,8 +465,8 @@ def fused_recurrent_gla(
     )
     if scale is None:
         scale = call.K ** -0.5
-    o, final_state, *_ = _fused_recurrent_gla_op(
-        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
+    o, final_state, *_ = call_op(
+        _fused_recurrent_gla_op, _op_forward, q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu,
     )
     return o, final_state if output_final_state else None
