@@ -997,8 +997,12 @@ def _op_backward(q, k, v, beta, scale, initial_state, output_final_state, cu_seq
     return backward_outputs(grads, (q, k, v, beta, initial_state))
 
 
-_chunk_delta_rule_op = define_op("chunk_delta_rule", "b0f02301eb0c4d97", globals(),
-                          OpSignature(('q', 'k', 'v', 'beta'), (False, False, False, False)))
+# fla_gen::chunk_delta_rule and fla_gen::chunk_delta_rule_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_chunk_delta_rule_op = define_op(
+    "chunk_delta_rule", "b0f02301eb0c4d97", globals(),
+    OpSignature(('q', 'k', 'v', 'beta'), (False, False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op

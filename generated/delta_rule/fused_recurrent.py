@@ -347,8 +347,12 @@ def _op_backward(q, k, v, beta, scale, initial_state, output_final_state, cu_seq
     return backward_outputs(grads, (q, k, v, beta, initial_state))
 
 
-_fused_recurrent_delta_rule_op = define_op("fused_recurrent_delta_rule", "b0f02301eb0c4d97", globals(),
-                          OpSignature(('q', 'k', 'v', 'beta'), (False, False, False, False)))
+# fla_gen::fused_recurrent_delta_rule and fla_gen::fused_recurrent_delta_rule_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_fused_recurrent_delta_rule_op = define_op(
+    "fused_recurrent_delta_rule", "b0f02301eb0c4d97", globals(),
+    OpSignature(('q', 'k', 'v', 'beta'), (False, False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op

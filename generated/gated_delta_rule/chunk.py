@@ -1125,8 +1125,12 @@ def _op_backward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_
     return backward_outputs(grads, (q, k, v, g, beta, initial_state))
 
 
-_chunk_gated_delta_rule_op = define_op("chunk_gated_delta_rule", "7d2f14ec4bb35a5e", globals(),
-                          OpSignature(('q', 'k', 'v', 'g', 'beta'), (False, False, False, False, False)))
+# fla_gen::chunk_gated_delta_rule and fla_gen::chunk_gated_delta_rule_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_chunk_gated_delta_rule_op = define_op(
+    "chunk_gated_delta_rule", "7d2f14ec4bb35a5e", globals(),
+    OpSignature(('q', 'k', 'v', 'g', 'beta'), (False, False, False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op

@@ -440,8 +440,12 @@ def _op_backward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, 
     return backward_outputs(grads, (q, k, v, g, g_gamma, initial_state))
 
 
-_fused_recurrent_simple_gla_op = define_op("fused_recurrent_simple_gla", "9d2df9039a702011", globals(),
-                          OpSignature(('q', 'k', 'v', 'g', 'g_gamma'), (False, False, False, True, True)))
+# fla_gen::fused_recurrent_simple_gla and fla_gen::fused_recurrent_simple_gla_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_fused_recurrent_simple_gla_op = define_op(
+    "fused_recurrent_simple_gla", "9d2df9039a702011", globals(),
+    OpSignature(('q', 'k', 'v', 'g', 'g_gamma'), (False, False, False, True, True)),
+)
 
 
 # ----------------------------------------------------------------------------- public op
