@@ -49,6 +49,7 @@ def _environment(templates_dir: str, trim: bool = True) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["pyrepr"] = repr
+    env.filters["tuple_repr"] = lambda xs: repr(tuple(xs))
     return env
 
 
@@ -83,6 +84,14 @@ def _statement_lines(rec: Recurrence) -> list[str]:
     src = rec.spec.source.splitlines()
     rows = sorted({n.pos.line for n in (*rec.spec.transforms, *rec.spec.updates, rec.spec.output)})
     return [src[r - 1].split("#")[0].strip() for r in rows]
+
+
+def _arg_role(rec: Recurrence, name: str) -> str:
+    """What an input is to the recurrence, for code that builds the inputs (fla_gen.layers): query,
+    key, value, gate (a log-space decay) or other (e.g. the delta rule's beta)."""
+    roles = {rec.query.input: "query", rec.write[0].input: "key", rec.write[1].input: "value"}
+    roles.update({t.input: "gate" for t in rec.decay})
+    return roles.get(name, "other")
 
 
 def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
@@ -127,6 +136,7 @@ def _common_context(rec: Recurrence) -> dict:
             "gate": any(t.input == i.name for t in rec.decay) or (not i.per_token and any(
                 t.expr is not None and _reads(t.expr, i.name) for t in spec.transforms)),
             "doc": _arg_doc(rec, i.name, layout),
+            "role": _arg_role(rec, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })
     return {
@@ -142,16 +152,18 @@ def _common_context(rec: Recurrence) -> dict:
         "key_input": rec.query.input,
         "value_input": rec.write[1].input,
         "state": spec.state_name,
+        "family": rec.family,
     }
 
 
-def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str]]:
-    """The launcher's positional tensors (fixed names) and the public expressions passed for them."""
+def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str], list[bool]]:
+    """The launcher's positional tensors (fixed names), the public expressions passed for them, and
+    which of them may be None."""
     bound = bind_kernel_inputs(rec)
     optional = {i.name for i in rec.spec.inputs if i.optional}
     exprs = [f"None if {x} is None else {x}.contiguous()" if x in optional else f"{x}.contiguous()"
              for x in bound.inputs]
-    return list(bound.names), exprs
+    return list(bound.names), exprs, [x in optional for x in bound.inputs]
 
 
 def _kernel_scale(rec: Recurrence) -> str:
@@ -163,7 +175,7 @@ def _kernel_scale(rec: Recurrence) -> str:
 def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) -> str:
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
-    launch_args, launch_values = _kernel_bindings(rec)
+    launch_args, launch_values, launch_optional = _kernel_bindings(rec)
     transforms = plan_transforms(rec)
     inline = None
     if not chunked:  # the fused recurrent forwards load whole K rows per token: they can inline
@@ -182,12 +194,14 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
-        "function_class": "".join(p.capitalize() for p in public.split("_")) + "Function",
+        # The custom op fla_gen::<public> (fla_gen/runtime/torch_op.py) that the public function calls.
+        "op_handle": f"_{public}_op",
         "plans_name": "CHUNK_PLANS" if chunked else "RECURRENT_PLANS",
         "fwd_launcher": "chunk_fwd" if chunked else "fused_recurrent_fwd",
         "bwd_launcher": "chunk_bwd" if chunked else "fused_recurrent_bwd",
         "launch_args": launch_args,
         "launch_values": launch_values,
+        "launch_optional": launch_optional,
         "kernel_scale": _kernel_scale(rec),
         "params": [
             {"name": p.name, "default_code": render_scalar(p.default, "call."),
@@ -272,6 +286,7 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
             f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
             f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
+            f"    plan = select_plan(RECURRENT_PLANS, {key}.device, call.dtype, max(call.K, call.V))",
             f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(rec)},",
             "                                            initial_state, output_final_state, cu_seqlens, plan,",
             f"                                            transform_args=({heads}positions, *rope_dims))",

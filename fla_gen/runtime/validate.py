@@ -41,7 +41,7 @@ class CallShape:
     V: int
     N: int
     dtype: torch.dtype
-    cu_seqlens_cpu: torch.Tensor | None
+    cu_seqlens_cpu: torch.Tensor | None  # None only while torch.compile traces a call without it
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -133,7 +133,7 @@ def validate_call(
     N = B
     if cu_seqlens is not None or cu_seqlens_cpu is not None:
         cu_seqlens_cpu = _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
-        N = len(cu_seqlens_cpu) - 1
+        N = cu_seqlens.shape[0] - 1
 
     if initial_state is not None:
         _expect_tensor(op, "initial_state", initial_state, False)
@@ -163,17 +163,24 @@ def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.
     if B != 1:
         raise ValueError(f"{op}: with cu_seqlens the batch must be packed into B = 1, got B = {B}; "
                          f"flatten the batch to [1, total_tokens, ...]")
-    if cu_seqlens_cpu is None:
-        cu_seqlens_cpu = cu_seqlens.detach().to("cpu")  # one sync; pass cu_seqlens_cpu to avoid it
-    else:
+    if cu_seqlens_cpu is not None:
         _expect_tensor(op, "cu_seqlens_cpu", cu_seqlens_cpu, False)
         if cu_seqlens_cpu.device.type != "cpu":
             raise ValueError(f"{op}: cu_seqlens_cpu must be on the CPU, got {cu_seqlens_cpu.device}")
         if cu_seqlens_cpu.shape != cu_seqlens.shape:
             raise ValueError(f"{op}: cu_seqlens_cpu has shape {_shape(cu_seqlens_cpu)} but cu_seqlens has "
                              f"{_shape(cu_seqlens)}")
-    # A Python list: checks on a handful of ints cost far less than small tensor ops.
-    bounds = cu_seqlens_cpu.tolist()
+    if torch.compiler.is_compiling():
+        # Reading values would break the graph: the op checks them when it runs (runtime/torch_op.py).
+        return cu_seqlens_cpu
+    if cu_seqlens_cpu is None:
+        cu_seqlens_cpu = cu_seqlens.detach().to("cpu")  # one sync; pass cu_seqlens_cpu to avoid it
+    check_cu_seqlens_values(op, cu_seqlens_cpu.tolist(), T)
+    return cu_seqlens_cpu
+
+
+def check_cu_seqlens_values(op: str, bounds: list[int], T: int) -> None:
+    """Raise ValueError unless the offsets ``bounds`` [N + 1] start at 0, never decrease and end at T."""
     if bounds[0] != 0:
         raise ValueError(f"{op}: cu_seqlens must start at 0, got {bounds[0]}")
     for i in range(len(bounds) - 1):
@@ -182,20 +189,25 @@ def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.
                              f"positions {i}, {i + 1}")
     if bounds[-1] != T:
         raise ValueError(f"{op}: cu_seqlens must end at T = {T} (the inputs' length), got {bounds[-1]}")
-    return cu_seqlens_cpu
 
 
-def validate_gate_lower_bound(op: str, bound, gate_name: str, gate: torch.Tensor) -> None:
-    """Check ``gate_lower_bound``: a finite negative number that every entry of the log gate respects.
-
-    The bound lets a plan build the pairwise decays as products of exp factors that a gate below it
-    would overflow, so it is checked against the data: one reduction over ``gate`` [B, T, H, K] and a
-    device sync (pass the bound only where it pays for that, e.g. training at long T).
-    """
+def validate_gate_lower_bound(op: str, bound) -> None:
+    """Check the value of ``gate_lower_bound``: a finite negative number (a log decay) or None."""
+    if bound is None:
+        return
     if isinstance(bound, bool) or not isinstance(bound, (int, float)):
         raise TypeError(f"{op}: gate_lower_bound must be a float or None, got {type(bound).__name__}")
     if not math.isfinite(bound) or bound >= 0:
         raise ValueError(f"{op}: gate_lower_bound must be a finite negative number (a log decay), got {bound}")
+
+
+def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch.Tensor) -> None:
+    """Raise ValueError if an entry of the log gate ``gate`` [B, T, H, K] is below ``bound``.
+
+    The bound lets a plan build the pairwise decays as products of exp factors that a gate below it
+    would overflow, so it is checked against the data: one reduction and a device sync (pass the
+    bound only where it pays for that, e.g. training at long T).
+    """
     lowest = gate.min().item() if gate.numel() else 0.0
     if not lowest >= bound:
         raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "

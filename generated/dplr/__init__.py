@@ -12,4 +12,17 @@ from .chunk import chunk_dplr_delta_rule
 from .fused_recurrent import fused_recurrent_dplr_delta_rule
 from .reference import dplr_delta_rule_reference
 
-__all__ = ["chunk_dplr_delta_rule", "fused_recurrent_dplr_delta_rule", "dplr_delta_rule_reference"]
+# The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
+INPUTS = (
+    ('q', 'BTHK', 'query', False),
+    ('k', 'BTHK', 'key', False),
+    ('v', 'BTHV', 'value', False),
+    ('a', 'BTHK', 'other', False),
+    ('b', 'BTHK', 'other', False),
+    ('gk', 'BTHK', 'gate', False),
+)
+FAMILY = 'general_rank1'  # the chunked algorithm's family: gated (no low-rank term) or delta
+
+__all__ = ["FAMILY", "INPUTS", "chunk_dplr_delta_rule", "fused_recurrent_dplr_delta_rule", "dplr_delta_rule_reference"]

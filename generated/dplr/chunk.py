@@ -10,8 +10,16 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
-from fla_gen.runtime.validate import TensorArg, validate_call, validate_gate_lower_bound
-from fla_gen.runtime.varlen import prepare_chunk_indices
+from fla_gen.runtime.torch_op import (
+    OpSignature,
+    backward_outputs,
+    call_op,
+    chunk_tables,
+    define_op,
+    forward_outputs,
+)
+from fla_gen.runtime.torch_op import shapes_only
+from fla_gen.runtime.validate import TensorArg, check_gates_respect_bound, validate_call, validate_gate_lower_bound
 
 from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
 
@@ -990,28 +998,45 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     return dq, dk, dv, dg, da, db, dh0
 
 
-# ----------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------- torch op
 
-class ChunkDplrDeltaRuleFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-        o, final_state, saved = chunk_fwd(
-            q, k, v, g, a, b, scale, initial_state, output_final_state,
-            cu_seqlens, chunk_indices, chunk_offsets, plan,
-        )
-        ctx.save_for_backward(q, k, v, g, a, b, initial_state, cu_seqlens, chunk_indices, chunk_offsets, *saved)
-        ctx.scale, ctx.plan = scale, plan
-        return o, final_state
+def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
+    """Body of the custom op fla_gen::chunk_dplr_delta_rule: pick the plan, build the varlen tables, launch.
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, a, b, initial_state, cu_seqlens, chunk_indices, chunk_offsets, *saved = ctx.saved_tensors
-        grads = chunk_bwd(
-            q, k, v, g, a, b, tuple(saved), ctx.scale, initial_state, do.contiguous(),
-            None if dht is None else dht.contiguous(), cu_seqlens, chunk_indices, chunk_offsets, ctx.plan,
-        )
-        # One gradient per forward argument: the tensors, then scale .. plan get none.
-        return (*grads[:-1], None, grads[-1], None, None, None, None, None)
+    Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
+    """
+    plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    if gate_lower_bound is not None:
+        if not shapes_only():  # fake tensors (tracing) carry no values
+            check_gates_respect_bound("chunk_dplr_delta_rule", gate_lower_bound, "gk", g)
+        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
+    chunk_indices, chunk_offsets = chunk_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    o, final_state, saved = chunk_fwd(
+        q, k, v, g, a, b, scale, initial_state, output_final_state,
+        cu_seqlens, chunk_indices, chunk_offsets, plan,
+    )
+    return forward_outputs(o, final_state, saved)
+
+
+def _op_backward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
+    """Body of fla_gen::chunk_dplr_delta_rule_backward: the gradients of the tensors, then of initial_state."""
+    plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    if gate_lower_bound is not None:
+        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
+    chunk_indices, chunk_offsets = chunk_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    grads = chunk_bwd(
+        q, k, v, g, a, b, tuple(saved), scale, initial_state, do, dht,
+        cu_seqlens, chunk_indices, chunk_offsets, plan,
+    )
+    return backward_outputs(grads, (q, k, v, g, a, b, initial_state))
+
+
+# fla_gen::chunk_dplr_delta_rule and fla_gen::chunk_dplr_delta_rule_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_chunk_dplr_delta_rule_op = define_op(
+    "chunk_dplr_delta_rule", "21ca7601b93fe69a", globals(),
+    OpSignature(('q', 'k', 'v', 'g', 'a', 'b'), (False, False, False, False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op
@@ -1065,6 +1090,11 @@ def chunk_dplr_delta_rule(
             tensor-core pairwise decays; otherwise the plan that is safe for any gate runs. Checked
             against the data (one reduction and a device sync).
 
+    Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
+    and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
+    checked inside the op fla_gen::chunk_dplr_delta_rule when it runs, still before any kernel (from
+    cu_seqlens_cpu when given, else from a copy of cu_seqlens, which syncs the GPU).
+
     Returns:
         o: [B, T, H, V] in the inputs' dtype; final_state: [N, H, K, V] float32 or None.
 
@@ -1078,14 +1108,9 @@ def chunk_dplr_delta_rule(
     )
     if scale is None:
         scale = call.K ** -0.5
-    plan = select_plan(CHUNK_PLANS, q.device, call.dtype, max(call.K, call.V))
-    if gate_lower_bound is not None:
-        validate_gate_lower_bound("chunk_dplr_delta_rule", gate_lower_bound, "gk", gk)
-        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
-    chunk_indices = chunk_offsets = None
-    if cu_seqlens is not None:
-        chunk_indices, chunk_offsets = prepare_chunk_indices(call.cu_seqlens_cpu, plan.chunk_size, q.device)
-    return ChunkDplrDeltaRuleFunction.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous(), a.contiguous(), b.contiguous(),
-        float(scale), initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan,
+    validate_gate_lower_bound("chunk_dplr_delta_rule", gate_lower_bound)
+    o, final_state, *_ = call_op(
+        _chunk_dplr_delta_rule_op, _op_forward, q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous(), a.contiguous(), b.contiguous(),
+        float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, gate_lower_bound,
     )
+    return o, final_state if output_final_state else None

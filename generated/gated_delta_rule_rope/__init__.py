@@ -12,4 +12,18 @@ from .chunk import chunk_gated_delta_rule_rope
 from .fused_recurrent import fused_recurrent_gated_delta_rule_rope
 from .reference import gated_delta_rule_rope_reference
 
-__all__ = ["chunk_gated_delta_rule_rope", "fused_recurrent_gated_delta_rule_rope", "gated_delta_rule_rope_reference"]
+# The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
+INPUTS = (
+    ('q', 'BTHK', 'query', False),
+    ('k', 'BTHK', 'key', False),
+    ('v', 'BTHV', 'value', False),
+    ('g', 'BTH', 'gate', False),
+    ('beta', 'BTH', 'other', False),
+    ('A_log', 'H', 'other', False),
+    ('dt_bias', 'H', 'other', False),
+)
+FAMILY = 'delta'  # the chunked algorithm's family: gated (no low-rank term) or delta
+
+__all__ = ["FAMILY", "INPUTS", "chunk_gated_delta_rule_rope", "fused_recurrent_gated_delta_rule_rope", "gated_delta_rule_rope_reference"]

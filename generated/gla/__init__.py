@@ -12,4 +12,15 @@ from .chunk import chunk_gla
 from .fused_recurrent import fused_recurrent_gla
 from .reference import gla_reference
 
-__all__ = ["chunk_gla", "fused_recurrent_gla", "gla_reference"]
+# The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
+INPUTS = (
+    ('q', 'BTHK', 'query', False),
+    ('k', 'BTHK', 'key', False),
+    ('v', 'BTHV', 'value', False),
+    ('g', 'BTHK', 'gate', False),
+)
+FAMILY = 'gated'  # the chunked algorithm's family: gated (no low-rank term) or delta
+
+__all__ = ["FAMILY", "INPUTS", "chunk_gla", "fused_recurrent_gla", "gla_reference"]

@@ -10,8 +10,15 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.torch_op import (
+    OpSignature,
+    backward_outputs,
+    call_op,
+    chunk_tables,
+    define_op,
+    forward_outputs,
+)
 from fla_gen.runtime.validate import TensorArg, validate_call
-from fla_gen.runtime.varlen import prepare_chunk_indices
 
 from .plans import CHUNK_PLANS
 
@@ -584,28 +591,39 @@ def chunk_bwd(
     return dq, dk, dv, dh0
 
 
-# ----------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------- torch op
 
-class ChunkLinearAttnFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-        o, final_state, saved = chunk_fwd(
-            q, k, v, scale, initial_state, output_final_state,
-            cu_seqlens, chunk_indices, chunk_offsets, plan,
-        )
-        ctx.save_for_backward(q, k, v, initial_state, cu_seqlens, chunk_indices, chunk_offsets, *saved)
-        ctx.scale, ctx.plan = scale, plan
-        return o, final_state
+def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
+    """Body of the custom op fla_gen::chunk_linear_attn: pick the plan, build the varlen tables, launch.
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, initial_state, cu_seqlens, chunk_indices, chunk_offsets, *saved = ctx.saved_tensors
-        grads = chunk_bwd(
-            q, k, v, tuple(saved), ctx.scale, initial_state, do.contiguous(),
-            None if dht is None else dht.contiguous(), cu_seqlens, chunk_indices, chunk_offsets, ctx.plan,
-        )
-        # One gradient per forward argument: the tensors, then scale .. plan get none.
-        return (*grads[:-1], None, grads[-1], None, None, None, None, None)
+    Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
+    """
+    plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    chunk_indices, chunk_offsets = chunk_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    o, final_state, saved = chunk_fwd(
+        q, k, v, scale, initial_state, output_final_state,
+        cu_seqlens, chunk_indices, chunk_offsets, plan,
+    )
+    return forward_outputs(o, final_state, saved)
+
+
+def _op_backward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
+    """Body of fla_gen::chunk_linear_attn_backward: the gradients of the tensors, then of initial_state."""
+    plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    chunk_indices, chunk_offsets = chunk_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    grads = chunk_bwd(
+        q, k, v, tuple(saved), scale, initial_state, do, dht,
+        cu_seqlens, chunk_indices, chunk_offsets, plan,
+    )
+    return backward_outputs(grads, (q, k, v, initial_state))
+
+
+# fla_gen::chunk_linear_attn and fla_gen::chunk_linear_attn_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_chunk_linear_attn_op = define_op(
+    "chunk_linear_attn", "c02e4db4524d8c66", globals(),
+    OpSignature(('q', 'k', 'v'), (False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op
@@ -645,6 +663,11 @@ def chunk_linear_attn(
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
 
+    Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
+    and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
+    checked inside the op fla_gen::chunk_linear_attn when it runs, still before any kernel (from
+    cu_seqlens_cpu when given, else from a copy of cu_seqlens, which syncs the GPU).
+
     Returns:
         o: [B, T, H, V] in the inputs' dtype; final_state: [N, H, K, V] float32 or None.
 
@@ -658,11 +681,8 @@ def chunk_linear_attn(
     )
     if scale is None:
         scale = call.K ** -0.5
-    plan = select_plan(CHUNK_PLANS, q.device, call.dtype, max(call.K, call.V))
-    chunk_indices = chunk_offsets = None
-    if cu_seqlens is not None:
-        chunk_indices, chunk_offsets = prepare_chunk_indices(call.cu_seqlens_cpu, plan.chunk_size, q.device)
-    return ChunkLinearAttnFunction.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(),
-        float(scale), initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan,
+    o, final_state, *_ = call_op(
+        _chunk_linear_attn_op, _op_forward, q.contiguous(), k.contiguous(), v.contiguous(),
+        float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
+    return o, final_state if output_final_state else None

@@ -12,4 +12,17 @@ from .chunk import chunk_rwkv7
 from .fused_recurrent import fused_recurrent_rwkv7
 from .reference import rwkv7_reference
 
-__all__ = ["chunk_rwkv7", "fused_recurrent_rwkv7", "rwkv7_reference"]
+# The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
+INPUTS = (
+    ('r', 'BTHK', 'query', False),
+    ('w', 'BTHK', 'gate', False),
+    ('k', 'BTHK', 'key', False),
+    ('v', 'BTHV', 'value', False),
+    ('a', 'BTHK', 'other', False),
+    ('b', 'BTHK', 'other', False),
+)
+FAMILY = 'general_rank1'  # the chunked algorithm's family: gated (no low-rank term) or delta
+
+__all__ = ["FAMILY", "INPUTS", "chunk_rwkv7", "fused_recurrent_rwkv7", "rwkv7_reference"]

@@ -10,6 +10,14 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.torch_op import (
+    OpSignature,
+    backward_outputs,
+    call_op,
+    define_op,
+    forward_outputs,
+    varlen_bounds,
+)
 from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
@@ -368,28 +376,38 @@ def fused_recurrent_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, 
     return dq, dk, dv, dg, da, db, dh0
 
 
-# ----------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------- torch op
 
-class FusedRecurrentRwkv7Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, plan):
-        o, final_state, saved = fused_recurrent_fwd(
-            q, k, v, g, a, b, scale, initial_state, output_final_state,
-            cu_seqlens, plan,
-        )
-        ctx.save_for_backward(q, k, v, g, a, b, initial_state, cu_seqlens, *saved)
-        ctx.scale, ctx.plan = scale, plan
-        return o, final_state
+def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
+    """Body of the custom op fla_gen::fused_recurrent_rwkv7: pick the plan, check the varlen offsets, launch.
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, a, b, initial_state, cu_seqlens, *saved = ctx.saved_tensors
-        grads = fused_recurrent_bwd(
-            q, k, v, g, a, b, tuple(saved), ctx.scale, initial_state, do.contiguous(),
-            None if dht is None else dht.contiguous(), cu_seqlens, ctx.plan,
-        )
-        # One gradient per forward argument: the tensors, then scale .. plan get none.
-        return (*grads[:-1], None, grads[-1], None, None, None)
+    Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
+    """
+    plan = select_plan(RECURRENT_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    varlen_bounds("fused_recurrent_rwkv7", cu_seqlens, cu_seqlens_cpu, q.shape[1])  # the offsets' values, before any launch
+    o, final_state, saved = fused_recurrent_fwd(
+        q, k, v, g, a, b, scale, initial_state, output_final_state,
+        cu_seqlens, plan,
+    )
+    return forward_outputs(o, final_state, saved)
+
+
+def _op_backward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
+    """Body of fla_gen::fused_recurrent_rwkv7_backward: the gradients of the tensors, then of initial_state."""
+    plan = select_plan(RECURRENT_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
+    grads = fused_recurrent_bwd(
+        q, k, v, g, a, b, tuple(saved), scale, initial_state, do, dht,
+        cu_seqlens, plan,
+    )
+    return backward_outputs(grads, (q, k, v, g, a, b, initial_state))
+
+
+# fla_gen::fused_recurrent_rwkv7 and fla_gen::fused_recurrent_rwkv7_backward; fake implementations run the bodies above
+# with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
+_fused_recurrent_rwkv7_op = define_op(
+    "fused_recurrent_rwkv7", "3934628a54bddf8e", globals(),
+    OpSignature(('q', 'k', 'v', 'g', 'a', 'b'), (False, False, False, False, False, False)),
+)
 
 
 # ----------------------------------------------------------------------------- public op
@@ -438,6 +456,11 @@ def fused_recurrent_rwkv7(
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
 
+    Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
+    and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
+    checked inside the op fla_gen::fused_recurrent_rwkv7 when it runs, still before any kernel (from
+    cu_seqlens_cpu when given, else from a copy of cu_seqlens, which syncs the GPU).
+
     Returns:
         o: [B, T, H, V] in the inputs' dtype; final_state: [N, H, K, V] float32 or None.
 
@@ -451,8 +474,8 @@ def fused_recurrent_rwkv7(
     )
     if scale is None:
         scale = 1
-    plan = select_plan(RECURRENT_PLANS, r.device, call.dtype, max(call.K, call.V))
-    return FusedRecurrentRwkv7Function.apply(
-        r.contiguous(), k.contiguous(), v.contiguous(), w.contiguous(), a.contiguous(), b.contiguous(),
-        float(scale), initial_state, output_final_state, cu_seqlens, plan,
+    o, final_state, *_ = call_op(
+        _fused_recurrent_rwkv7_op, _op_forward, r.contiguous(), k.contiguous(), v.contiguous(), w.contiguous(), a.contiguous(), b.contiguous(),
+        float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
+    return o, final_state if output_final_state else None

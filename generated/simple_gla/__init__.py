@@ -12,4 +12,16 @@ from .chunk import chunk_simple_gla
 from .fused_recurrent import fused_recurrent_simple_gla
 from .reference import simple_gla_reference
 
-__all__ = ["chunk_simple_gla", "fused_recurrent_simple_gla", "simple_gla_reference"]
+# The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
+INPUTS = (
+    ('q', 'BTHK', 'query', False),
+    ('k', 'BTHK', 'key', False),
+    ('v', 'BTHV', 'value', False),
+    ('g', 'BTH', 'gate', True),
+    ('g_gamma', 'H', 'gate', True),
+)
+FAMILY = 'gated'  # the chunked algorithm's family: gated (no low-rank term) or delta
+
+__all__ = ["FAMILY", "INPUTS", "chunk_simple_gla", "fused_recurrent_simple_gla", "simple_gla_reference"]

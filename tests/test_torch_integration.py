@@ -1,0 +1,231 @@
+"""Generated ops as PyTorch citizens: custom ops under torch.compile, and the layers around them.
+
+torch.compile tests trace with fullgraph=True and count graph breaks through torch._dynamo's counters.
+The sweep over every op uses backend="aot_eager": it runs the same Dynamo capture and AOTAutograd
+trace (the custom ops' fake implementations, the backward op) as inductor, but without inductor's
+C++ compile of the surrounding code, which costs ~20 s per graph on the 2-core CI box. One test
+compiles a layer with inductor to prove that path too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from fla_gen.layers import DeltaLayer, GatedLayer, LayerState, layer_for
+from fla_gen.sample import relative_error, sample_inputs
+from tests.support import generated, recurrence
+
+OPS = ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"]
+
+
+def _compiled(fn, backend="aot_eager"):
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+def _graph_breaks() -> int:
+    return sum(counters["graph_break"].values())
+
+
+def _grads(loss, leaves):
+    return torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_compile_fullgraph_equals_eager(op):
+    """chunk_<op> then fused_recurrent_<op> (continuing from its state), in one compiled function."""
+    rec, pkg = recurrence(op), generated(op)
+    B, T, H, K, V = 1, 20, 1, 16, 8  # tiny: every call runs in the interpreter, twice
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32)
+    h0 = torch.randn(B, H, K, V)
+    leaves = [*x.values(), h0]
+    for t in leaves:
+        t.requires_grad_(True)
+    names = [i.name for i in rec.spec.inputs]
+    chunk, recurrent = getattr(pkg, f"chunk_{op}"), getattr(pkg, f"fused_recurrent_{op}")
+    do = torch.randn(B, T, H, V)
+
+    def f(*args):
+        *inputs, h = args
+        o, ht = chunk(*inputs, initial_state=h, output_final_state=True)
+        o2, ht2 = recurrent(*inputs, initial_state=ht, output_final_state=True)
+        o3, none = chunk(*inputs, scale=0.5)  # no state in or out: the placeholder path
+        assert none is None
+        return ((o + o2 - o3) * do).sum() + ht2.square().sum()
+
+    eager = f(*leaves)
+    eager_grads = _grads(eager, leaves)
+    cf = _compiled(f)
+    got = cf(*leaves)
+    got_grads = _grads(got, leaves)
+    assert _graph_breaks() == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    assert relative_error(got, eager) < 1e-6
+    for name, g, e in zip([*names, "initial_state"], got_grads, eager_grads, strict=True):
+        if e is None:
+            assert g is None, name
+        else:
+            assert relative_error(g, e) < 1e-6, name
+
+
+def test_compile_varlen_checks_offsets_inside_the_op():
+    """Under torch.compile the wrapper cannot read cu_seqlens; the op checks the values when it runs."""
+    op = "gated_delta_rule"
+    rec, pkg = recurrence(op), generated(op)
+    x = sample_inputs(rec, 1, 20, 1, 16, 16, torch.float32)
+    leaves = list(x.values())
+    for t in leaves:
+        t.requires_grad_(True)
+
+    def f(cu, cu_cpu, *inputs):
+        o, ht = pkg.chunk_gated_delta_rule(*inputs, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+        o2, _ = pkg.fused_recurrent_gated_delta_rule(*inputs, initial_state=ht, cu_seqlens=cu)
+        return o.sum() + o2.square().sum()
+
+    cu = torch.tensor([0, 7, 7, 20], dtype=torch.int32)
+    cf = _compiled(f)
+    for cu_cpu in (cu.clone(), None):
+        got, eager = cf(cu, cu_cpu, *leaves), f(cu, cu_cpu, *leaves)
+        assert relative_error(got, eager) < 1e-6
+        for g, e in zip(_grads(got, leaves), _grads(eager, leaves), strict=True):
+            assert relative_error(g, e) < 1e-6
+    assert _graph_breaks() == 0, dict(counters["graph_break"])
+    bad = torch.tensor([0, 9, 7, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match="chunk_gated_delta_rule: cu_seqlens must be non-decreasing"):
+        cf(bad, bad.clone(), *leaves)
+
+
+def test_compile_refuses_bad_shapes_at_trace_time():
+    pkg = generated("gla")
+    q = torch.randn(1, 8, 2, 16)
+
+    def f(q, k, v, g):
+        return pkg.chunk_gla(q, k, v, g)[0]
+
+    with pytest.raises(Exception, match="chunk_gla: v has H = 3"):
+        _compiled(f)(q, q, torch.randn(1, 8, 3, 16), q)
+
+
+@pytest.mark.parametrize(("op", "mode"), [("simple_gla", "fused_recurrent"), ("linear_attn", "chunk")])
+def test_opcheck(op, mode):
+    """torch.library.opcheck: schema, fake implementation against the real one (dynamic shapes too),
+    autograd registration and AOT dispatch, on the custom op behind the public function."""
+    rec = recurrence(op)
+    module = getattr(generated(op), mode)
+    custom_op = getattr(module, f"_{mode}_{op}_op")
+    x = sample_inputs(rec, 1, 20, 1, 16, 8, torch.float32)
+    for t in x.values():
+        t.requires_grad_(True)
+    cu = torch.tensor([0, 5, 20])
+    h0 = torch.randn(2, 1, 16, 8, requires_grad=True)
+    result = torch.library.opcheck(custom_op, (*x.values(), 0.25, h0, True, cu, cu.clone()))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+# ----------------------------------------------------------------------------- layers
+
+def _decode_matches_prefill(layer, B=2, T=13, n=3, D=32):
+    """Prefill T tokens with chunk_<op>, decode n one at a time with fused_recurrent_<op>: the outputs
+    and the final cache equal one prefill of T + n tokens."""
+    x = torch.randn(B, T + n, D)
+    calls = []
+
+    def spy(fn, tag):
+        def wrapped(*args, **kwargs):
+            calls.append(tag)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    layer.ops = dataclasses.replace(layer.ops, chunk=spy(layer.ops.chunk, "chunk"),
+                                    fused_recurrent=spy(layer.ops.fused_recurrent, "recurrent"))
+    y_full, s_full = layer(x, use_cache=True)
+    y, state = layer(x[:, :T], use_cache=True)
+    ys = [y]
+    for i in range(T, T + n):
+        y, state = layer(x[:, i:i + 1], past_state=state, use_cache=True)
+        ys.append(y)
+    assert calls == ["chunk", "chunk"] + ["recurrent"] * n
+    assert relative_error(torch.cat(ys, 1), y_full) < 1e-5
+    assert relative_error(state.recurrent, s_full.recurrent) < 1e-5
+    if state.conv is not None:
+        assert relative_error(state.conv, s_full.conv) < 1e-6
+
+
+@pytest.mark.parametrize(("op", "cls"), [("gla", GatedLayer), ("simple_gla", GatedLayer),
+                                         ("gated_delta_rule", DeltaLayer)])
+def test_layer_prefill_then_decode_equals_one_prefill(op, cls):
+    torch.manual_seed(0)
+    layer = cls(generated(op), hidden_size=32, num_heads=2, head_k_dim=16, head_v_dim=8, decode_max_tokens=1)
+    _decode_matches_prefill(layer)
+
+
+def test_layer_without_convolution():
+    layer = layer_for(generated("delta_rule"), 32, 2, 16, conv_size=0, decode_max_tokens=1)
+    assert isinstance(layer, DeltaLayer) and layer.conv is None
+    _decode_matches_prefill(layer)
+
+
+def test_layer_varlen_equals_separate_sequences():
+    """Packed sequences (cu_seqlens) never see each other: not in the op, not in the convolution."""
+    layer = layer_for(generated("gated_delta_rule"), 32, 1, 16)
+    x = torch.randn(1, 20, 32)
+    cu = torch.tensor([0, 2, 11, 20], dtype=torch.int32)
+    y, state = layer(x, cu_seqlens=cu, use_cache=True)
+    parts = [layer(x[:, a:b], use_cache=True) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)]
+    assert relative_error(y, torch.cat([p[0] for p in parts], 1)) < 1e-5
+    assert relative_error(state.recurrent, torch.cat([p[1].recurrent for p in parts])) < 1e-5
+    assert relative_error(state.conv, torch.cat([p[1].conv for p in parts])) < 1e-6
+    # Decoding one token per sequence from the packed cache equals decoding each sequence alone.
+    step = torch.randn(1, 3, 32)
+    y2, _ = layer(step, cu_seqlens=torch.arange(4, dtype=torch.int32), past_state=state)
+    alone = [layer(step[:, i:i + 1], past_state=LayerState(p[1].recurrent, p[1].conv))[0] for i, p in enumerate(parts)]
+    assert relative_error(y2, torch.cat(alone, 1)) < 1e-5
+
+
+def test_layer_refuses_the_wrong_family():
+    with pytest.raises(TypeError, match="GatedLayer needs an op of the gated family.*use DeltaLayer"):
+        GatedLayer(generated("delta_rule"), 32, 2, 16)
+    with pytest.raises(TypeError, match="not a package generated by this fla-gen"):
+        GatedLayer(torch, 32, 2, 16)
+
+
+def test_layer_compiles_with_inductor():
+    """A layer (projections, convolution, the custom op) under inductor: one graph, forward and
+    backward equal to eager."""
+    torch.manual_seed(0)
+    layer = layer_for(generated("simple_gla"), 32, 1, 16)
+    x = torch.randn(1, 20, 32, requires_grad=True)
+    params = [x, *layer.parameters()]
+    eager = layer(x)[0].square().sum()
+    eager_grads = _grads(eager, params)
+    got = _compiled(lambda x: layer(x)[0], backend="inductor")(x).square().sum()
+    got_grads = _grads(got, params)
+    assert _graph_breaks() == 0, dict(counters["graph_break"])
+    assert relative_error(got, eager) < 1e-5
+    for g, e in zip(got_grads, eager_grads, strict=True):
+        assert relative_error(g, e) < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_inference_call_bypasses_the_dispatcher_with_the_same_result(mode, monkeypatch):
+    """Without gradients or tracing the public function runs the op's body directly (no dispatcher
+    overhead on a decode step); with gradients it goes through the custom op. Both agree."""
+    op = "simple_gla"
+    rec, module = recurrence(op), getattr(generated(op), mode)
+    x = sample_inputs(rec, 2, 10, 1, 16, 16, torch.float32)
+    h0 = torch.randn(2, 1, 16, 16)
+    fn = getattr(module, f"{mode}_{op}")
+    calls = []
+    real = getattr(module, f"_{mode}_{op}_op")
+    monkeypatch.setattr(module, f"_{mode}_{op}_op", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        o1, h1 = fn(*x.values(), initial_state=h0, output_final_state=True)
+    assert calls == []
+    o2, h2 = fn(*[t.requires_grad_(True) for t in x.values()], initial_state=h0, output_final_state=True)
+    assert calls == [1]
+    assert torch.equal(o1, o2.detach()) and torch.equal(h1, h2.detach())
