@@ -93,6 +93,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         rec = load_recurrence(Path(args.spec))
         algos = select_algorithms(rec)
         plans = [plan_algorithm(rec, a, args.arch, args.dtype, args.head_dim) for a in algos]
+        labels = [a.name for a in algos]
+        if algos[0].bounded_chunk_size:
+            # the chunk plan for calls that pass gate_lower_bound
+            try:
+                plans.append(plan_algorithm(rec, algos[0], args.arch, args.dtype, args.head_dim, bounded=True))
+                labels.append(f"{algos[0].name} with gate_lower_bound >= {plans[-1].gate_bound:.4f}")
+            except PlanError as e:
+                print(f"(no bounded-gate plan on this target: {e})")
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC_ERROR
@@ -103,8 +111,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     gates = ", ".join(f"{t.input} ({t.kind})" for t in rec.decay) or "none"
     print(f"op {rec.spec.op}: family {rec.family}; decay {rec.decay_kind} [{gates}]")
     print(f"target {arch.name}: {arch.reason}")
-    for algo, p in zip(algos, plans, strict=True):
-        print(f"\n{algo.name}  ({args.dtype}, head dim {args.head_dim} -> bucket {p.head_dim})")
+    for label, p in zip(labels, plans, strict=True):
+        print(f"\n{label}  ({args.dtype}, head dim {args.head_dim} -> bucket {p.head_dim})")
         print(f"  chunk size {p.chunk_size}: {p.chunk_size_reason}")
         for stage, c in p.kernels:
             print(f"  {stage:<12} BK={c.block_k:<4} BV={c.block_v:<4} warps={c.num_warps} stages={c.num_stages}"

@@ -16,10 +16,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from fla_gen.layers import DeltaLayer, GatedLayer, LayerState, layer_for
+from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from tests.support import generated, recurrence
 
-OPS = ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"]
+OPS = ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "rwkv7"]
 
 
 def _compiled(fn, backend="aot_eager"):
@@ -123,7 +124,23 @@ def test_opcheck(op, mode):
         t.requires_grad_(True)
     cu = torch.tensor([0, 5, 20])
     h0 = torch.randn(2, 1, 16, 8, requires_grad=True)
-    result = torch.library.opcheck(custom_op, (*x.values(), 0.25, h0, True, cu, cu.clone()))
+    result = torch.library.opcheck(custom_op, (*x.values(), 0.25, h0, True, cu, cu.clone(), None))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_opcheck_with_a_gate_lower_bound():
+    """The bounded-gate plan of chunk_rwkv7 (longer chunks, a second plan table) behind the same op."""
+    rec = recurrence("rwkv7")
+    custom_op = generated("rwkv7").chunk._chunk_rwkv7_op
+    x = sample_inputs(rec, 1, 40, 1, 16, 8, torch.float32)
+    x["w"] = -0.5 * torch.rand_like(x["w"])
+    for t in x.values():
+        t.requires_grad_(True)
+    h0 = torch.randn(1, 1, 16, 8, requires_grad=True)
+    # the launch order of the op: q, k, v, g, a, b
+    args = [x[n] for n in ("r", "k", "v", "w", "a", "b")]
+    with forced_arch("sm90"):  # a target whose bounded table has fp32 rows at this head dim
+        result = torch.library.opcheck(custom_op, (*args, 1.0, h0, True, None, None, -0.6))
     assert set(result.values()) == {"SUCCESS"}, result
 
 

@@ -108,6 +108,11 @@ def overridden_plans(overrides: Mapping[str, Mapping[str, int]]) -> Iterator[Non
         _override = previous
 
 
+def active_plan_override() -> dict[str, dict[str, int]] | None:
+    """The plan override in force now (``overridden_plans`` or the environment), or None."""
+    return _active_override()
+
+
 def _active_override() -> dict[str, dict[str, int]] | None:
     global _env_cache
     if _override is not None:

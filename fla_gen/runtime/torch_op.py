@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from triton.runtime.jit import KernelInterface
 
+from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
 from fla_gen.runtime.validate import check_cu_seqlens_values
 from fla_gen.runtime.varlen import prepare_chunk_indices
 
@@ -211,13 +212,16 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
         tensors, (scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, bound) = inputs[:n], inputs[n:]
         ctx.save_for_backward(*tensors, initial_state, cu_seqlens, cu_seqlens_cpu, *output[2:])
         ctx.scale, ctx.output_final_state, ctx.gate_lower_bound = scale, output_final_state, bound
+        # the backward op selects its plan again: under the forward's plan override, if any
+        ctx.plan_override = active_plan_override()
 
     def differentiate(ctx, grads):
         *tensors, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors[:n + 3]
         saved = list(ctx.saved_tensors[n + 3:])
         do, dht = grads[0], grads[1] if ctx.output_final_state else None
-        out = bwd(*tensors, ctx.scale, initial_state, ctx.output_final_state, cu_seqlens, cu_seqlens_cpu,
-                  ctx.gate_lower_bound, do.contiguous(), None if dht is None else dht.contiguous(), saved)
+        with overridden_plans(ctx.plan_override) if ctx.plan_override else contextlib.nullcontext():
+            out = bwd(*tensors, ctx.scale, initial_state, ctx.output_final_state, cu_seqlens, cu_seqlens_cpu,
+                      ctx.gate_lower_bound, do.contiguous(), None if dht is None else dht.contiguous(), saved)
         # One gradient per forward input: the tensors, then scale, initial_state and the rest.
         dx = [None if x is None else g for x, g in zip(tensors, out[:n], strict=True)]
         dh0 = None if initial_state is None else out[n]
