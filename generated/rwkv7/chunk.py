@@ -568,11 +568,11 @@ def rwkv7_bwd_dqk_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # One program per (K block, chunk, batch * head): everything here is entry-wise in the key channel,
-    # so K blocks are independent. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
+    # One program per (chunk, batch * head), looping over K blocks: everything here is entry-wise in the
+    # key channel, so K blocks are independent once the [BT, BT] matrices are loaded. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
     #   dx_t = sum_s dA[t, s] y_s E[t, s], dy_s = sum_t dA[t, s] x_t E[t, s] (E = b_Ein or b_Est),
     # plus the scaled vectors' terms; then dg from the cumulative sums (see the header).
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
         # chunk_indices[i_t] = (sequence, chunk within it); chunk i_t of the packed batch owns state i_t.
@@ -589,92 +589,95 @@ def rwkv7_bwd_dqk_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-    b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
-    b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
-    b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
-    b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
-    b_g = tl.zeros([BT, BK], dtype=tl.float32)
-    if USE_G:
-        b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
-    # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
-    b_G = tl.cumsum(b_g, axis=0)
-    b_Gx = b_G - b_g
-    b_GL = tl.sum(b_g, axis=0)
+    # the [BT, BT] matrices are loaded once for all K blocks (plain, and transposed where a dot needs it)
     o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
     m_tt = m_t[:, None] & (o_i < BT)[None, :]
+    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
+    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
     b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)
     b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)
     b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)
     b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
-    # the A-matrix parts, x side (indexed by t) and y side (indexed by s)
+    # P^T, loaded transposed (element (t, r) is P[r, t]), for dag = P^T dW
+    b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
     if FACTORED:
-        # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m))); the
-        # transposed dA are loaded transposed
-        o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-        m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-        b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-        b_down = tl.exp(b_G - b_Gm[None, :])
-        b_downx = tl.exp(b_Gx - b_Gm[None, :])
-        b_up = tl.exp(b_Gm[None, :] - b_G)
-        b_kf = b_k * b_up
-        b_bf = b_b * b_up
-        b_qf = b_q * b_down
-        b_af = b_a * b_downx
-        b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
-                                input_precision=DOT_PRECISION)
-        b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
-                                 input_precision=DOT_PRECISION)
-        b_dkA = b_up * tl.dot(tl.load(dAak + o_ttT, mask=m_ttT, other=0.), b_af,
-                              tl.dot(tl.load(dAqk + o_ttT, mask=m_ttT, other=0.), b_qf, input_precision=DOT_PRECISION),
-                              input_precision=DOT_PRECISION)
-        b_dbA = b_up * tl.dot(tl.load(dAab + o_ttT, mask=m_ttT, other=0.), b_af,
-                              tl.dot(tl.load(dAqb + o_ttT, mask=m_ttT, other=0.), b_qf, input_precision=DOT_PRECISION),
-                              input_precision=DOT_PRECISION)
+        b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
+        b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
+        b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
+        b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
     else:
-        m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-        m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-        b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-        b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-        b_dAqk = b_dAqk[:, :, None]
-        b_dAqb = b_dAqb[:, :, None]
-        b_dAak = b_dAak[:, :, None]
-        b_dAab = b_dAab[:, :, None]
-        b_dqA = tl.sum((b_dAqk * b_k[None, :, :] + b_dAqb * b_b[None, :, :]) * b_Ein, axis=1)
-        b_daA = tl.sum((b_dAak * b_k[None, :, :] + b_dAab * b_b[None, :, :]) * b_Est, axis=1)
-        b_dkA = tl.sum(b_dAqk * b_q[:, None, :] * b_Ein + b_dAak * b_a[:, None, :] * b_Est, axis=0)
-        b_dbA = tl.sum(b_dAqb * b_q[:, None, :] * b_Ein + b_dAab * b_a[:, None, :] * b_Est, axis=0)
-    # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
-    b_eG = tl.exp(b_G)
-    b_eGx = tl.exp(b_Gx)
-    b_eL = tl.exp(b_GL[None, :] - b_G)
-    b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
-    # dag = P^T dW (P^T loaded transposed: element (t, r) is P[r, t])
-    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-    b_dag = tl.dot(tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32), tl.load(dw + o_tk, mask=m_tk, other=0.),
-                   input_precision="ieee")
-    b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
-    b_dkg = tl.load(dkg + o_tk, mask=m_tk, other=0.)
-    b_dq = b_dqA + b_dqg * b_eG
-    b_da = b_daA + b_dag * b_eGx
-    b_dk = b_dkA + b_dkg * b_eL
-    b_db = b_dbA + b_dbg * b_eL
-    tl.store(dq + o_tk, (b_dq * scale).to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + o_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    tl.store(da + o_tk, b_da.to(da.dtype.element_ty), mask=m_tk)
-    tl.store(db + o_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
-    if USE_G:
-        # dL/dG_t (inclusive), dL/dG_{t-1} (exclusive) and dL/dG_L, each entry-wise in the channel
-        b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
-        b_dGx = b_a * b_da
-        b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
-        b_gam = tl.exp(b_GL)
-        b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
-        b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
-        tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+        b_dAqk3 = b_dAqk[:, :, None]
+        b_dAqb3 = b_dAqb[:, :, None]
+        b_dAak3 = b_dAak[:, :, None]
+        b_dAab3 = b_dAab[:, :, None]
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+        b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
+        b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
+        b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
+        b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
+        b_g = tl.zeros([BT, BK], dtype=tl.float32)
+        if USE_G:
+            b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
+        # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
+        b_G = tl.cumsum(b_g, axis=0)
+        b_Gx = b_G - b_g
+        b_GL = tl.sum(b_g, axis=0)
+        # the A-matrix parts, x side (indexed by t) and y side (indexed by s)
+        if FACTORED:
+            # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
+            b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+            b_down = tl.exp(b_G - b_Gm[None, :])
+            b_downx = tl.exp(b_Gx - b_Gm[None, :])
+            b_up = tl.exp(b_Gm[None, :] - b_G)
+            b_kf = b_k * b_up
+            b_bf = b_b * b_up
+            b_qf = b_q * b_down
+            b_af = b_a * b_downx
+            b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
+                                    input_precision=DOT_PRECISION)
+            b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
+                                     input_precision=DOT_PRECISION)
+            b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
+                                  input_precision=DOT_PRECISION)
+            b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
+                                  input_precision=DOT_PRECISION)
+        else:
+            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_dqA = tl.sum((b_dAqk3 * b_k[None, :, :] + b_dAqb3 * b_b[None, :, :]) * b_Ein, axis=1)
+            b_daA = tl.sum((b_dAak3 * b_k[None, :, :] + b_dAab3 * b_b[None, :, :]) * b_Est, axis=1)
+            b_dkA = tl.sum(b_dAqk3 * b_q[:, None, :] * b_Ein + b_dAak3 * b_a[:, None, :] * b_Est, axis=0)
+            b_dbA = tl.sum(b_dAqb3 * b_q[:, None, :] * b_Ein + b_dAab3 * b_a[:, None, :] * b_Est, axis=0)
+        # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
+        b_eG = tl.exp(b_G)
+        b_eGx = tl.exp(b_Gx)
+        b_eL = tl.exp(b_GL[None, :] - b_G)
+        b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
+        b_dag = tl.dot(b_PT, tl.load(dw + o_tk, mask=m_tk, other=0.), input_precision="ieee")
+        b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
+        b_dkg = tl.load(dkg + o_tk, mask=m_tk, other=0.)
+        b_dq = b_dqA + b_dqg * b_eG
+        b_da = b_daA + b_dag * b_eGx
+        b_dk = b_dkA + b_dkg * b_eL
+        b_db = b_dbA + b_dbg * b_eL
+        tl.store(dq + o_tk, (b_dq * scale).to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + o_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        tl.store(da + o_tk, b_da.to(da.dtype.element_ty), mask=m_tk)
+        tl.store(db + o_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
+        if USE_G:
+            # dL/dG_t (inclusive), dL/dG_{t-1} (exclusive) and dL/dG_L, each entry-wise in the channel
+            b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
+            b_dGx = b_a * b_da
+            b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
+            b_gam = tl.exp(b_GL)
+            b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
+            b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
+            tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -959,7 +962,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     BK = _tile(cfg.block_k, K)
     dq, dk, da, db = (torch.empty_like(q) for _ in range(4))
     dg = torch.empty_like(g) if g is not None else None
-    rwkv7_bwd_dqk_kernel[(triton.cdiv(K, BK), NT, B * H)](
+    rwkv7_bwd_dqk_kernel[(NT, B * H)](
         q,
         k,
         a,
