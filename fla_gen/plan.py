@@ -68,6 +68,8 @@ class KernelShape:
     wide_v: tuple[str, ...] = ()
     # Builds [BT, BT, BK] tiles of pairwise decays entry by entry (no dot, nothing to pipeline).
     pair_tiles: bool = False
+    # (num_warps, block_v or 0, reason) for the bounded-gate plan (Algorithm.bounded_chunk_size), measured.
+    bounded: tuple[int, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,14 @@ _DPLR_DA_WARPS = tuple((a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT]
 _DPLR_DQK_WARPS = tuple((a, 8, "8 warps: at 4 the [16, 16, 16] fp32 decay tiles spill ~30 B (fla-gen aot)")
                         for a in ARCH_NAMES)
 
+# Measured on the H100 (benchmarks/profile_op.py --op rwkv7 --gate-lower-bound -0.6065, 4x4096x16x128 bf16,
+# FLA_GEN_PLAN_OVERRIDE variants, 2026-11-23): the bounded plan's kernels are latency-bound, and fewer
+# warps let more programs share an SM.
+_DPLR_BOUNDED_DQK = (4, 0, "4 warps (measured, H100: bwd_dqk 3.62 ms at 8 warps, 1.89 at 4; 1.84 at 2 but "
+                           "spilling ~300 B, fla-gen aot)")
+_DPLR_BOUNDED_INTRA = (2, 0, "2 warps (measured, H100: fwd_intra 2.46 ms at 8 warps, 1.17 at 4, 1.10 at 2)")
+_DPLR_BOUNDED_DA = (4, 16, "4 warps, 16-wide V tiles (measured, H100: bwd_dA 1.25 ms at 8 warps x 32, 0.93)")
+
 _DELTA_DH_89 = "1 stage: the whole-K tiles need 98 KB at 2 stages, at the 99 KB limit (measured)"
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -147,15 +157,16 @@ ALGORITHMS: dict[str, Algorithm] = {
         # General rank-1 (DPLR): 16-token chunks whose pairwise decays are built entry by entry, so no
         # exp factor can overflow; the output is fused into the sequential state walk (fwd_h).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
-                  (KernelShape("fwd_intra", (), pair_tiles=True),
+                  (KernelShape("fwd_intra", (), pair_tiles=True, bounded=_DPLR_BOUNDED_INTRA),
                    KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BT"), ("BT", "BT"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dv", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BT"), ("BT", "BV"))),
                    KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
-                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS),
-                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS)),
+                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS,
+                               bounded=_DPLR_BOUNDED_DA),
+                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK)),
                   chunked=True, bounded_chunk_size=32),
         Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
@@ -369,6 +380,15 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
+def _bounded_config(rule: tuple[int, int, str] | None, cfg: LaunchConfig) -> LaunchConfig:
+    """``cfg`` with a KernelShape's measured bounded-plan warps (and V tile) applied."""
+    if rule is None:
+        return cfg
+    warps, block_v, why = rule
+    reason = why if block_v else f"{cfg.reason.split(';')[0]}; {why}"
+    return LaunchConfig(cfg.block_k, block_v or cfg.block_v, warps, cfg.num_stages, reason)
+
+
 def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
                    bounded: bool = False) -> Plan:
     """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
@@ -398,6 +418,9 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
     kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
+    if bounded:
+        kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
+                                                                                             strict=True))
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 
 
