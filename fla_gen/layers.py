@@ -91,7 +91,9 @@ def _causal_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | No
         cache = x.new_zeros(N, W - 1, C)
     buf = torch.cat([cache.reshape(N * (W - 1), C).to(x.dtype), x[0]])  # cache rows first, then tokens
     t = torch.arange(x.shape[1], device=x.device)
-    seq = torch.searchsorted(starts[1:], t, right=True)
+    # sequence of each token: the starts <= t, less one (the boundaries are the whole tensor: inductor's
+    # searchsorted lowering cannot read the strides of a slice such as starts[1:] on CUDA)
+    seq = torch.searchsorted(starts, t, right=True) - 1
     pos = t - starts[seq]
 
     def source(n: torch.Tensor, p: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
