@@ -88,9 +88,12 @@ def _statement_lines(rec: Recurrence) -> list[str]:
 
 def _arg_role(rec: Recurrence, name: str) -> str:
     """What an input is to the recurrence, for code that builds the inputs (fla_gen.layers): query,
-    key, value, gate (a log-space decay) or other (e.g. the delta rule's beta)."""
+    key, value, gate (a log-space decay), rank1_read / rank1_write (a and b of a general rank-1 term
+    b (a^T S)) or other (e.g. the delta rule's beta)."""
     roles = {rec.query.input: "query", rec.write[0].input: "key", rec.write[1].input: "value"}
     roles.update({t.input: "gate" for t in rec.decay})
+    if rec.family == "general_rank1":
+        roles.update({rec.low_rank.w.input: "rank1_read", rec.low_rank.u.input: "rank1_write"})
     return roles.get(name, "other")
 
 

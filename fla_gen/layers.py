@@ -10,7 +10,11 @@ hidden states ``x`` [B, T, D] that fits its layout and role:
 - gate [B, T, H] or [B, T, H, K]: ``logsigmoid(W x) / gate_normalizer`` (GLA's parameterization,
   Yang et al. 2023: log decays in (-inf, 0), near 0 at init for long memory); gate [H]: a learned
   per-head log decay, initialised as retention's log(1 - 2 ** (-5 - h)) (Sun et al. 2023);
-- other [B, T, H] (the delta rule's beta): ``sigmoid(W x)``, a step size in (0, 1).
+- other [B, T, H] (the delta rule's beta): ``sigmoid(W x)``, a step size in (0, 1);
+- a general rank-1 term b (aᵀ S) (DPLRLayer): RWKV-7's form (Peng et al. 2025), a = -k̂ and b = k̂ η with
+  k̂ the L2-normalized projection of the rank1_read input and η = sigmoid of the rank1_write one; its
+  per-channel gate is -e^-0.5 sigmoid(W x) (decays in (0.545, 1)), which lets the chunked op take its
+  bounded-gate plan (gate_lower_bound).
 
 The output o [B, T, H, V] is RMS-normalized per head, gated by ``silu(W_g x)`` and projected back
 to D. ``forward`` runs ``chunk_<op>`` for prefill and training and ``fused_recurrent_<op>`` for
@@ -132,7 +136,7 @@ class RecurrentLayer(nn.Module):
         super().__init__()
         self.ops = ops if isinstance(ops, OpPair) else OpPair.from_package(ops)
         if self.family is not None and self.ops.family != self.family:
-            other = "DeltaLayer" if self.ops.family == "delta" else "GatedLayer"
+            other = {"delta": "DeltaLayer", "general_rank1": "DPLRLayer"}.get(self.ops.family, "GatedLayer")
             raise TypeError(f"{type(self).__name__} needs an op of the {self.family} family, got one of the "
                             f"{self.ops.family} family; use {other}")
         self.H, self.K, self.V = num_heads, head_k_dim, head_v_dim or head_k_dim
@@ -143,7 +147,8 @@ class RecurrentLayer(nn.Module):
         conv_channels = 0
         for name, layout, role, _ in self.ops.inputs:
             if layout.startswith("BTH"):
-                self.proj[name] = nn.Linear(hidden_size, self.H * width[layout[3:]], bias=role in ("gate", "other"))
+                biased = role in ("gate", "other", "rank1_write")
+                self.proj[name] = nn.Linear(hidden_size, self.H * width[layout[3:]], bias=biased)
                 if role in ("query", "key", "value"):
                     conv_channels += self.H * width[layout[3:]]
             elif layout == "H" and role == "gate":
@@ -163,6 +168,14 @@ class RecurrentLayer(nn.Module):
     def _mix(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The family's feature map on the projected q, k [B, T, H, K] (after SiLU)."""
         return q, k
+
+    def _gate(self, p: torch.Tensor) -> torch.Tensor:
+        """The log decay of a per-token gate from its projection p (float32)."""
+        return F.logsigmoid(p) / self.gate_normalizer
+
+    def _chunk_options(self) -> dict:
+        """Extra keyword arguments of the chunked op."""
+        return {}
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, past_state: LayerState | None = None,
                 use_cache: bool = False) -> tuple[torch.Tensor, LayerState | None]:
@@ -188,7 +201,9 @@ class RecurrentLayer(nn.Module):
             if role in ("query", "key", "value"):
                 conv_in.append((name, p))
             elif role == "gate":
-                values[name] = (F.logsigmoid(p.float()) / self.gate_normalizer).reshape(shape)
+                values[name] = self._gate(p.float()).reshape(shape)
+            elif role == "rank1_read":
+                values[name] = -F.normalize(p.reshape(shape).float(), dim=-1).to(p.dtype)
             else:
                 values[name] = torch.sigmoid(p).reshape(shape)
         conv_state = None
@@ -204,12 +219,14 @@ class RecurrentLayer(nn.Module):
         names = [n for n, *_ in self.ops.inputs]
         roles = {role: n for n, _, role, _ in self.ops.inputs}
         values[roles["query"]], values[roles["key"]] = self._mix(values[roles["query"]], values[roles["key"]])
+        if "rank1_write" in roles:  # b = k̂ eta: eta (the sigmoid above) times the unit direction -a
+            values[roles["rank1_write"]] = -values[roles["rank1_read"]] * values[roles["rank1_write"]]
 
         decode = past_state is not None and T <= self.decode_max_tokens
         op = self.ops.fused_recurrent if decode else self.ops.chunk
         h0 = None if past_state is None else past_state.recurrent
         o, recurrent = op(*[values[n] for n in names], initial_state=h0, output_final_state=use_cache,
-                          cu_seqlens=cu_seqlens)
+                          cu_seqlens=cu_seqlens, **({} if decode else self._chunk_options()))
         o = self.norm(o) * F.silu(self.out_gate(x)).reshape(B, T, H, self.V)
         y = self.out(o.reshape(B, T, H * self.V))
         return y, (LayerState(recurrent, conv_state) if use_cache else None)
@@ -230,10 +247,30 @@ class DeltaLayer(RecurrentLayer):
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
 
 
+# RWKV-7's decay bound: w = -e^-0.5 sigmoid(x) >= -e^-0.5 (Peng et al., 2025).
+_RWKV7_GATE_BOUND = -math.exp(-0.5)
+
+
+class DPLRLayer(RecurrentLayer):
+    """A layer for the general rank-1 (DPLR) family (RWKV-7, fla's generalized delta rule), with RWKV-7's
+    parameterization of the rank-1 term and of the decay (see the module docstring)."""
+
+    family = "general_rank1"
+
+    def _gate(self, p: torch.Tensor) -> torch.Tensor:
+        return _RWKV7_GATE_BOUND * torch.sigmoid(p)
+
+    def _chunk_options(self) -> dict:
+        # The decay's known bound selects the chunked op's faster bounded-gate plan; a little below
+        # -e^-0.5 so that the fp32 rounding of a saturated gate stays above it.
+        return {"gate_lower_bound": 1.01 * _RWKV7_GATE_BOUND}
+
+
 def layer_for(pkg: ModuleType, hidden_size: int, num_heads: int, head_k_dim: int, **kwargs) -> RecurrentLayer:
-    """The layer class that fits the package's family (GatedLayer or DeltaLayer), built with ``kwargs``."""
+    """The layer class that fits the package's family (GatedLayer, DeltaLayer or DPLRLayer), built with
+    ``kwargs``."""
     ops = OpPair.from_package(pkg)
-    cls = {"gated": GatedLayer, "delta": DeltaLayer}.get(ops.family)
+    cls = {"gated": GatedLayer, "delta": DeltaLayer, "general_rank1": DPLRLayer}.get(ops.family)
     if cls is None:
         raise TypeError(f"no layer for the {ops.family} family")
     return cls(ops, hidden_size, num_heads, head_k_dim, **kwargs)

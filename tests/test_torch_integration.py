@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from fla_gen.layers import DeltaLayer, GatedLayer, LayerState, layer_for
+from fla_gen.layers import DeltaLayer, DPLRLayer, GatedLayer, LayerState, layer_for
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from tests.support import generated, recurrence
@@ -174,7 +174,7 @@ def _decode_matches_prefill(layer, B=2, T=13, n=3, D=32):
 
 
 @pytest.mark.parametrize(("op", "cls"), [("gla", GatedLayer), ("simple_gla", GatedLayer),
-                                         ("gated_delta_rule", DeltaLayer)])
+                                         ("gated_delta_rule", DeltaLayer), ("rwkv7", DPLRLayer)])
 def test_layer_prefill_then_decode_equals_one_prefill(op, cls):
     torch.manual_seed(0)
     layer = cls(generated(op), hidden_size=32, num_heads=2, head_k_dim=16, head_v_dim=8, decode_max_tokens=1)

@@ -19,8 +19,8 @@ INPUTS = (
     ('q', 'BTHK', 'query', False),
     ('k', 'BTHK', 'key', False),
     ('v', 'BTHV', 'value', False),
-    ('a', 'BTHK', 'other', False),
-    ('b', 'BTHK', 'other', False),
+    ('a', 'BTHK', 'rank1_read', False),
+    ('b', 'BTHK', 'rank1_write', False),
     ('gk', 'BTHK', 'gate', False),
 )
 FAMILY = 'general_rank1'  # the chunked algorithm's family: gated (no low-rank term) or delta
