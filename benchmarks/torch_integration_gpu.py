@@ -29,6 +29,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OPS = ("simple_gla", "gla", "gated_delta_rule")
 
 
+
+def _public(pkg, prefix: str):
+    """The package's public function whose name starts with ``prefix`` (a package may be named apart
+    from its op, e.g. generated.dplr holds chunk_dplr_delta_rule)."""
+    return getattr(pkg, next(n for n in pkg.__all__ if n.startswith(prefix)))
+
 def _rel(a, b) -> float:
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
@@ -51,7 +57,7 @@ def check_compile(op, rec, pkg, dtype):
     leaves = [*x.values(), h0]
     for t in leaves:
         t.requires_grad_(True)
-    chunk, recurrent = getattr(pkg, f"chunk_{op}"), getattr(pkg, f"fused_recurrent_{op}")
+    chunk, recurrent = _public(pkg, "chunk_"), _public(pkg, "fused_recurrent_")
     do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
 
     def f(*args):
@@ -95,7 +101,7 @@ def check_cudagraph(op, rec, pkg, dtype):
     import torch
 
     B, H, K, V = 2, 4, 64, 64
-    chunk, recurrent = getattr(pkg, f"chunk_{op}"), getattr(pkg, f"fused_recurrent_{op}")
+    chunk, recurrent = _public(pkg, "chunk_"), _public(pkg, "fused_recurrent_")
     notes, ok = [], True
     with torch.no_grad():
         for name, fn, T in (("prefill", chunk, 256), ("decode", recurrent, 1)):
@@ -123,7 +129,7 @@ def check_reduce_overhead(op, rec, pkg, dtype):
     import torch
 
     B, H, K, V = 2, 4, 64, 64
-    recurrent = getattr(pkg, f"fused_recurrent_{op}")
+    recurrent = _public(pkg, "fused_recurrent_")
 
     def step(*args):
         *inputs, h = args
