@@ -155,7 +155,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT")))),
                   chunked=True),
         # General rank-1 (DPLR): 16-token chunks whose pairwise decays are built entry by entry, so no
-        # exp factor can overflow; the output is fused into the sequential state walk (fwd_h).
+        # exp factor can overflow; the output is fused into the sequential state walk (fwd_h). With a gate
+        # lower bound: 32-token chunks whose pairwise decays are tensor-core dots (bounded_chunk_size).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
                   (KernelShape("fwd_intra", (), pair_tiles=True, bounded=_DPLR_BOUNDED_INTRA),
                    KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
