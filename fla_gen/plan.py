@@ -107,11 +107,14 @@ _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), 
                            max_stages=_CHANNEL_STAGE_CAPS, wide_v=tuple(ARCH_NAMES))
 
 # fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
-# tiles take 228 registers at 4 warps, 182 at 8; bwd_dqk's [16, 16, 16] fp32 decay tiles spill ~30 B at 4.
+# tiles take 228 registers at 4 warps, 182 at 8. The entry-wise kernels' warps are measured (2026-11-23).
 _DPLR_DA_WARPS = tuple((a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)")
                        for a in ARCH_NAMES)
-_DPLR_DQK_WARPS = tuple((a, 8, "8 warps: at 4 the [16, 16, 16] fp32 decay tiles spill ~30 B (fla-gen aot)")
+_DPLR_DQK_WARPS = tuple((a, 4, "4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 "
+                                 "ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)")
                         for a in ARCH_NAMES)
+_DPLR_INTRA_WARPS = tuple((a, 8, "8 warps (measured, H100: fwd_intra 2.97 ms at 4 warps, 2.71 at 8, 2.77 at 2)")
+                          for a in ARCH_NAMES)
 
 # Measured on the H100 (benchmarks/profile_op.py --op rwkv7 --gate-lower-bound -0.6065, 4x4096x16x128 bf16,
 # FLA_GEN_PLAN_OVERRIDE variants, 2026-11-23): the bounded plan's kernels are latency-bound, and fewer
@@ -158,7 +161,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         # exp factor can overflow; the output is fused into the sequential state walk (fwd_h). With a gate
         # lower bound: 32-token chunks whose pairwise decays are tensor-core dots (bounded_chunk_size).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
-                  (KernelShape("fwd_intra", (), pair_tiles=True, bounded=_DPLR_BOUNDED_INTRA),
+                  (KernelShape("fwd_intra", (), pair_tiles=True, warps=_DPLR_INTRA_WARPS, bounded=_DPLR_BOUNDED_INTRA),
                    KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BT"), ("BT", "BT"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
