@@ -194,7 +194,7 @@ def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
     if rec.family == "gated":
         chunk = "chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"
         return ALGORITHMS[chunk], ALGORITHMS["fused_recurrent_gated"]
-    if rec.family == "delta" and "chunk_delta" in ALGORITHMS:
+    if rec.family == "delta":
         if rec.decay_kind == "channel" or rec.head_gate is not None:
             raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
                             "a per-channel or per-head decay is not supported yet")
@@ -204,8 +204,7 @@ def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
             raise PlanError("the DPLR kernels take a per-channel log gate exp(g) [B, T, H, K] or none; a per-token "
                             "scalar or per-head decay is not supported yet (broadcast it to [B, T, H, K])")
         return ALGORITHMS["chunk_dplr"], ALGORITHMS["fused_recurrent_dplr"]
-    supported = "gated, delta" if "chunk_delta" in ALGORITHMS else "gated"
-    raise PlanError(f"no kernels yet for the '{rec.family}' family (a rank-1 transition term); supported: {supported}")
+    raise PlanError(f"no kernels for the '{rec.family}' family; supported: gated, delta, general_rank1")
 
 
 @dataclass(frozen=True)
