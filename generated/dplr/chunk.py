@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -67,7 +68,8 @@ def dplr_delta_rule_fwd_intra_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); chunk i_t of the packed batch owns state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -370,7 +372,8 @@ def dplr_delta_rule_bwd_dv_kernel(
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); chunk i_t of the packed batch owns state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -446,7 +449,8 @@ def dplr_delta_rule_bwd_dA_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); chunk i_t of the packed batch owns state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -575,7 +579,8 @@ def dplr_delta_rule_bwd_dqk_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); chunk i_t of the packed batch owns state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -682,26 +687,6 @@ def dplr_delta_rule_bwd_dqk_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
-def _tile(block: int, dim: int) -> int:
-    """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot)."""
-    return max(16, min(block, triton.next_power_of_2(dim)))
-
-
-def _whole(dim: int) -> int:
-    """A tile that covers a whole head dim (the sequential kernels contract over all of K)."""
-    return max(16, triton.next_power_of_2(dim))
-
-
-def _dot_precision(dtype) -> str:
-    """fp32 inputs keep full precision in tl.dot (the default would round them to tf32)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _num_chunks(T: int, BT: int, chunk_indices) -> int:
-    """Chunks per sequence (dense), or of the whole packed batch (varlen), without a sync."""
-    return triton.cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
-
-
 def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan):
     """The per-chunk products of the inputs.
 
@@ -711,7 +696,7 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
     """
     B, T, H, K = q.shape
     BT = plan.chunk_size
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_intra")
     qg, kg, bg, w = (torch.empty_like(q) for _ in range(4))
     M, Aqk, Aqb = (q.new_empty(B, T, H, BT) for _ in range(3))
@@ -740,12 +725,12 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
         H=H,
         K=K,
         BT=BT,
-        BK=_tile(cfg.block_k, K),
+        BK=launch.dot_tile(cfg.block_k, K),
         USE_G=g is not None,
         STORE_BWD=backward,
         FACTORED=plan.gate_bound is not None,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -766,9 +751,9 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BV = _tile(cfg.block_v, V)
+    BV = launch.dot_tile(cfg.block_v, V)
     o = None if states else torch.empty_like(v)
     h = qg.new_empty(B, NT, H, K, V) if states else None
     u = torch.empty_like(v) if states else None
@@ -795,7 +780,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         K=K,
         V=V,
         BT=BT,
-        BK=_whole(K),
+        BK=launch.whole_dim_tile(K),
         BV=BV,
         USE_G=g is not None,
         STORE_O=not states,
@@ -803,7 +788,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_dot_precision(qg.dtype),
+        DOT_PRECISION=launch.dot_precision(qg.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -854,14 +839,14 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak = intra
     _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, plan)
     is_varlen = cu_seqlens is not None
 
     cfg = plan.config("bwd_dh")
-    BV = _tile(cfg.block_v, V)
+    BV = launch.dot_tile(cfg.block_v, V)
     dh = torch.empty_like(h)
     du = torch.empty_like(v)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
@@ -883,19 +868,19 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         K=K,
         V=V,
         BT=BT,
-        BK=_whole(K),
+        BK=launch.whole_dim_tile(K),
         BV=BV,
         USE_G=g is not None,
         USE_FINAL_STATE_GRADIENT=dht is not None,
         USE_INITIAL_STATE=initial_state is not None,
         IS_VARLEN=is_varlen,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
     cfg = plan.config("bwd_dv")
-    BV = _tile(cfg.block_v, V)
+    BV = launch.dot_tile(cfg.block_v, V)
     dv = torch.empty_like(v)
     dplr_delta_rule_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
         kg,
@@ -912,10 +897,10 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         K=K,
         V=V,
         BT=BT,
-        BK=_tile(cfg.block_k, K),
+        BK=launch.dot_tile(cfg.block_k, K),
         BV=BV,
         IS_VARLEN=is_varlen,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -950,16 +935,16 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         K=K,
         V=V,
         BT=BT,
-        BK=_whole(K),
-        BV=_tile(cfg.block_v, V),
+        BK=launch.whole_dim_tile(K),
+        BV=launch.dot_tile(cfg.block_v, V),
         IS_VARLEN=is_varlen,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
     cfg = plan.config("bwd_dqk")
-    BK = _tile(cfg.block_k, K)
+    BK = launch.dot_tile(cfg.block_k, K)
     dq, dk, da, db = (torch.empty_like(q) for _ in range(4))
     dg = torch.empty_like(g) if g is not None else None
     dplr_delta_rule_bwd_dqk_kernel[(NT, B * H)](
@@ -994,7 +979,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         USE_G=g is not None,
         FACTORED=plan.gate_bound is not None,
         IS_VARLEN=is_varlen,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -811,21 +812,6 @@ def gated_delta_rule_rope_bwd_wy_kernel(
         tl.store(dg + (t0 + o_i) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
 
 
-def _tile(block: int, dim: int) -> int:
-    """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot)."""
-    return max(16, min(block, triton.next_power_of_2(dim)))
-
-
-def _whole(dim: int) -> int:
-    """A tile that covers a whole head dim (the sequential kernels contract over all of K)."""
-    return max(16, triton.next_power_of_2(dim))
-
-
-def _num_chunks(T: int, BT: int, chunk_indices) -> int:
-    """Chunks per sequence (dense), or of the whole packed batch (varlen), without a sync."""
-    return triton.cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
-
-
 def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
 
@@ -836,9 +822,9 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     B, T, H, K = k.shape
     V = v.shape[-1]
     BT = plan.chunk_size
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_wu")
-    BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
@@ -884,9 +870,9 @@ def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_in
     V = u.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BK, BV = _whole(K), _tile(cfg.block_v, V)
+    BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
     h = k.new_empty(B, NT, H, K, V)
     v_new = torch.empty_like(u)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -941,11 +927,11 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _ = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
     h, v_new, final_state = _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     cfg = plan.config("fwd_o")
-    BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
     gated_delta_rule_rope_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q,
@@ -989,12 +975,12 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, Ai, dv_local = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan)
     h, v_new, _ = _chunk_h(k, w, u, g, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
 
     cfg = plan.config("bwd_dh")
-    BK, BV = _whole(K), _tile(cfg.block_v, V)
+    BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
     dh = q.new_empty(B, NT, H, K, V)
     dv_new = torch.empty_like(v)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
@@ -1028,7 +1014,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     )
 
     cfg = plan.config("bwd_dqk")
-    BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dq = torch.empty_like(q)
     dk_part = torch.empty_like(k, dtype=torch.float32)
     dw = torch.empty_like(k)
@@ -1063,7 +1049,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     )
 
     cfg = plan.config("bwd_wy")
-    BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -427,18 +428,6 @@ def _tile(block: int, dim: int) -> int:
     return min(block, triton.next_power_of_2(dim))
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs keep full precision in tl.dot (the default would round them to tf32);
-    16-bit inputs ignore the setting."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _num_chunks(T: int, BT: int, chunk_indices) -> int:
-    """Chunks per batch row (the grid's chunk axis): ceil(T / BT), or every chunk of the packed
-    batch under varlen."""
-    return triton.cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
-
-
 def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
     """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk."""
     B, T, H, K = q.shape
@@ -446,7 +435,7 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
     cfg = plan.config("cumsum")
     BK = _tile(cfg.block_k, K)
     G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(K, BK), _num_chunks(T, BT, chunk_indices), B * H)
+    grid = (triton.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
     gla_cumsum_kernel[grid](
         g, G, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BK=BK, USE_G=g is not None,
@@ -466,14 +455,14 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("fwd_h")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
-    h = k.new_empty(B, _num_chunks(T, BT, chunk_indices), H, K, V)
+    h = k.new_empty(B, launch.num_chunks(T, BT, chunk_indices), H, K, V)
     ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
     gla_fwd_h_kernel[grid](
         k, v, G, h, initial_state, ht, cu_seqlens, chunk_offsets, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state, IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_dot_precision(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=launch.dot_precision(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h, ht
 
@@ -507,11 +496,11 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
     A = q.new_empty(B, T, H, BT)
-    grid = (_num_chunks(T, BT, chunk_indices), B * H)
+    grid = (launch.num_chunks(T, BT, chunk_indices), B * H)
     gla_fwd_o_kernel[grid](
         q, k, v, G, h, o, A, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, V=V, BT=BT, BC=min(16, BT), BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, ht, (G, A)
 
@@ -535,9 +524,9 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    NT = _num_chunks(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
-    dot_precision = _dot_precision(q.dtype)
+    dot_precision = launch.dot_precision(q.dtype)
     do = do.contiguous()
     h, _ = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
 

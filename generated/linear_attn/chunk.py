@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -349,22 +350,6 @@ def linear_attn_bwd_dqkvg_kernel(
         tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-def _chunk_tile(block: int, dim: int) -> int:
-    """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot)."""
-    return max(16, min(block, triton.next_power_of_2(dim)))
-
-
-def _chunk_dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs keep full precision in tl.dot (the default would round them to tf32);
-    16-bit inputs ignore the setting."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _chunk_count(T: int, BT: int, chunk_indices) -> int:
-    """Chunks per sequence (dense), or of the whole packed batch (varlen), without a sync."""
-    return triton.cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
-
-
 def _chunk_fwd_h(
     k,
     v,
@@ -389,9 +374,9 @@ def _chunk_fwd_h(
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _chunk_count(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BK, BV = _chunk_tile(cfg.block_k, K), _chunk_tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     h = k.new_empty(B, NT, H, K, V)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
@@ -413,7 +398,7 @@ def _chunk_fwd_h(
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_chunk_dot_precision(k.dtype),
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -450,7 +435,7 @@ def chunk_fwd(
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
-    NT = _chunk_count(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     h, final_state = _chunk_fwd_h(
         k,
         v,
@@ -462,7 +447,7 @@ def chunk_fwd(
         plan,
     )
     cfg = plan.config("fwd_o")
-    BK, BV = _chunk_tile(cfg.block_k, K), _chunk_tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), NT, B * H)
     linear_attn_fwd_o_kernel[grid](
@@ -482,7 +467,7 @@ def chunk_fwd(
         BK=BK,
         BV=BV,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_chunk_dot_precision(k.dtype),
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -516,7 +501,7 @@ def chunk_bwd(
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = _chunk_count(T, BT, chunk_indices)
+    NT = launch.num_chunks(T, BT, chunk_indices)
     h, _ = _chunk_fwd_h(
         k,
         v,
@@ -529,7 +514,7 @@ def chunk_bwd(
     )
 
     cfg = plan.config("bwd_dh")
-    BK, BV = _chunk_tile(cfg.block_k, K), _chunk_tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dh = q.new_empty(B, NT, H, K, V)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
@@ -552,13 +537,13 @@ def chunk_bwd(
         USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_chunk_dot_precision(k.dtype),
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
     cfg = plan.config("bwd_dqkvg")
-    BK, BV = _chunk_tile(cfg.block_k, K), _chunk_tile(cfg.block_v, V)
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -584,7 +569,7 @@ def chunk_bwd(
         BK=BK,
         BV=BV,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=_chunk_dot_precision(k.dtype),
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
