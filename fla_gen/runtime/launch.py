@@ -27,3 +27,20 @@ def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs keep full precision in tl.dot (the default would round them to tf32); 16-bit inputs
     ignore the setting."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# fp32 values per program of the per-row transform kernels: 16 per thread and live tile at 8 warps,
+# so the backward's dozen or so live [BR, BD] tiles stay in registers while each program still
+# moves 8-16 KB per tensor (one contiguous block: BR consecutive rows).
+ROW_TILE_ELEMENTS = 4096
+
+
+def row_tile(rows: int, width: int) -> tuple[int, int]:
+    """Rows per program (BR) and warps of the per-row transform kernels, for ``rows`` flat
+    (token, head) rows ([B * T * H]) of padded width ``width`` (the widest head dim they hold).
+
+    BR is a power of two with BR * width about ROW_TILE_ELEMENTS, no more than the rows there are
+    (padded to a power of two); the warps give each thread 16 values of a tile, 1 to 8 of them.
+    """
+    br = max(1, min(ROW_TILE_ELEMENTS // width, triton.next_power_of_2(rows)))
+    return br, max(1, min(8, br * width // 512))
