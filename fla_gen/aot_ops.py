@@ -2,9 +2,9 @@
 
 For each target arch the op is called on CPU stand-in inputs with that arch's plans forced
 (chunk and fused recurrent, forward and backward, with and without cu_seqlens; fused recurrent also
-without autograd), every kernel
-launch is captured instead of run, and each captured specialization is compiled with
-``triton.compile`` for the target (``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
+without autograd, where it applies a spec's transforms inline), every kernel launch is captured
+instead of run, and each captured specialization is compiled with ``triton.compile`` for the target
+(``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
