@@ -1,9 +1,10 @@
 """Compile every kernel of generated ops ahead of time for real GPU targets, without a GPU.
 
 For each target arch the op is called on CPU stand-in inputs with that arch's plans forced
-(chunk and fused recurrent, forward and backward, with and without cu_seqlens), every kernel
-launch is captured instead of run, and each captured specialization is compiled with
-``triton.compile`` for the target (``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
+(chunk and fused recurrent, forward and backward, with and without cu_seqlens; fused recurrent also
+without autograd, where it applies a spec's transforms inline), every kernel launch is captured
+instead of run, and each captured specialization is compiled with ``triton.compile`` for the target
+(``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
     for t in leaves:
         t.requires_grad_(True)
     cu = torch.tensor([0, 64, 100, 192], dtype=torch.int32) if varlen else None
-    o, ht = getattr(pkg, f"{mode}_{op}")(*[x[i.name] for i in rec.spec.inputs], initial_state=h0,
-                                         output_final_state=True, cu_seqlens=cu, **extra)
+    fn = getattr(pkg, f"{mode}_{op}")
+    args = [x[i.name] for i in rec.spec.inputs]
+    o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra)
     torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
+    if mode == "fused_recurrent":
+        # the decode path: without autograd the recurrent forward applies a spec's transforms inline
+        with torch.no_grad():
+            fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra)
 
 
 def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtype = torch.bfloat16,

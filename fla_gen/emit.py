@@ -295,7 +295,7 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
             f"                                            transform_args=({heads}positions, *rope_dims))",
             "    return o, final_state",
         ]
-        imports += [f"{t.op}_transform_args", "_gather", "_rope_coefs"]
+        imports += [f"{t.op}_transform_args", "_rope_coefs"]
     lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 

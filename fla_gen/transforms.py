@@ -1,26 +1,56 @@
 """Lower a spec's ``transform`` lines to the body of one fused Triton kernel pair.
 
-The forward kernel runs every transform of one (token, head) in registers: it reads each
-transformed input's raw row once and writes the transformed row once. The backward kernel
+The forward kernel runs every transform of a tile of (token, head) rows in registers: it reads
+each transformed input's raw rows once and writes the transformed rows once. The backward kernel
 recomputes that forward (cheap, elementwise) and walks it in reverse, emitting the
 vector-Jacobian product of each step, so it reads the raw rows and the recurrence's gradients
 once and writes the inputs' gradients once; per-head inputs (A_log, dt_bias) get one fp32
 partial per (token, head), summed over tokens on the host.
 
 The lowering is straight-line SSA: each IR node becomes one ``tN = ...`` statement over fp32
-values, a scalar or a vector over a head dim (``K``/``V``, padded to a power of two and
-masked by ``m_K``/``m_V``). Gradients follow the chain rule step by step (reverse mode).
+values, per row a scalar or a vector over a head dim (``K``/``V``, padded to a power of two and
+masked by ``m_K``/``m_V``). Gradients follow the chain rule step by step (reverse mode). The same
+statements are rendered for two layouts (:class:`Layout`): the transform kernels' tile of rows and
+the recurrent kernels' single row (inlined on the decode path); only reductions and the rope
+partner gather name an axis.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import KernelInputs
 from fla_gen.reference import L2NORM_EPS
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the lowered statements hold rows.
+
+    The tile layout (transform kernels) holds BR rows: a vector is [BR, BD], a per-row scalar is
+    [BR, 1], so scalars broadcast against vectors with no index and every op lowers as in one row;
+    reductions run over axis 1 and keep it. The row layout (inline, decode path) holds one row:
+    [BD] vectors and true scalars, reductions over axis 0.
+    """
+
+    axis: int
+    keep_dims: bool
+
+    def sum(self, x: str) -> str:
+        """Code reducing the vector ``x`` over the head dim to a per-row scalar."""
+        keep = ", keep_dims=True" if self.keep_dims else ""
+        return f"tl.sum({x}, axis={self.axis}{keep})"
+
+    def gather(self, x: str, idx: str) -> str:
+        """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
+        return f"tl.gather({x}, {idx}, axis={self.axis})"
+
+
+TILE = Layout(axis=1, keep_dims=True)
+ROW = Layout(axis=0, keep_dims=False)
 
 
 @dataclass(frozen=True)
@@ -44,7 +74,8 @@ class TransformKernel:
     ``heads``: per-head [H] inputs the transforms read; ``dims``: the head dims with vectors;
     ``fwd``: statements computing every target's final value ``outs[name]`` from ``raw[name]``;
     ``bwd``: statements after ``fwd`` that accumulate gradients, from ``dy_<name>`` loaded into
-    ``grads_in[name]``, into ``grads_out[name]`` (targets and per-head inputs).
+    ``grads_in[name]``, into ``grads_out[name]`` (targets and per-head inputs). ``fwd`` and ``bwd``
+    are in the :data:`TILE` layout; ``row_fwd`` is ``fwd`` in the :data:`ROW` layout (same names).
     """
 
     op: str
@@ -59,12 +90,14 @@ class TransformKernel:
     grads_in: dict
     grads_out: dict
     fp32_outputs: tuple[str, ...]  # targets stored as float32 (log gates)
+    row_fwd: tuple[str, ...]
 
 
 class _Lowering:
-    def __init__(self, rec: Recurrence) -> None:
+    def __init__(self, rec: Recurrence, layout: Layout) -> None:
         spec = rec.spec
         self.rec = rec
+        self.layout = layout
         self.letter = {spec.key_dim: "K", spec.value_dim: "V"}
         self.n = 0
         self.lines: list[str] = []
@@ -116,14 +149,14 @@ class _Lowering:
             return self.record(n.fn, args, code, shape)
         if n.fn == "l2norm":
             m = self.new(f"tl.where(m_{shape}, {a}, 0.0)", shape)
-            r = self.new(f"1.0 / tl.sqrt(tl.sum({m} * {m}, axis=0) + {L2NORM_EPS!r})", "")
+            r = self.new(f"1.0 / tl.sqrt({self.layout.sum(f'{m} * {m}')} + {L2NORM_EPS!r})", "")
             return self.record("l2norm", (a,), f"{m} * {r}", shape, r=r)
         raise ValueError(f"the fused transform kernels cannot lower '{n.fn}' (in a transform of "
                          f"{self.rec.spec.op})")
 
     def rope(self, x: str, j: int) -> str:
         shape = self.shape[x]
-        return self.record("rope", (x,), f"{x} * rc{j} + rs{j} * _gather({x}, rp{j}, o_{shape})", shape, j=j)
+        return self.record("rope", (x,), f"{x} * rc{j} + rs{j} * {self.layout.gather(x, f'rp{j}')}", shape, j=j)
 
     def backward(self, adj: dict[str, str]) -> list[str]:
         """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
@@ -140,7 +173,7 @@ class _Lowering:
             if var not in self.shape:
                 return  # a literal
             if not self.shape[var] and from_shape:
-                contrib = f"tl.sum({contrib}, axis=0)"
+                contrib = self.layout.sum(contrib)
             adj[var] = fresh(f"{adj[var]} + {contrib}" if var in adj else contrib)
 
         for v, fn, args, extra in reversed(self.tape):
@@ -176,10 +209,11 @@ class _Lowering:
                 add(a, f"{dy} * (tl.sigmoid({a}) * (1.0 + {a} * (1.0 - tl.sigmoid({a}))))", s)
             elif fn == "l2norm":
                 r = extra["r"]
-                add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * tl.sum({dy} * {v}, axis=0)), 0.0)", s)
+                add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * {self.layout.sum(f'{dy} * {v}')}), 0.0)", s)
             elif fn == "rope":
                 j = extra["j"]
-                add(a, f"{dy} * rc{j} + _gather({dy} * rs{j}, rp{j}, o_{s})", s)
+                # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]
+                add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
         return out
@@ -191,10 +225,16 @@ def plan_transforms(rec: Recurrence) -> TransformKernel | None:
     Raises:
         ValueError: a transform uses a function these kernels cannot lower.
     """
-    spec = rec.spec
-    if not spec.transforms:
+    if not rec.spec.transforms:
         return None
-    low = _Lowering(rec)
+    tile, row = _lower_transforms(rec, TILE), _lower_transforms(rec, ROW)
+    assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
+    return replace(tile, row_fwd=row.fwd)
+
+
+def _lower_transforms(rec: Recurrence, layout: Layout) -> TransformKernel:
+    spec = rec.spec
+    low = _Lowering(rec, layout)
     raw: dict[str, str] = {}
     targets = []
     for name in spec.transformed:
@@ -243,7 +283,7 @@ def plan_transforms(rec: Recurrence) -> TransformKernel | None:
     return TransformKernel(
         op=spec.op, targets=tuple(targets), heads=tuple(low.heads), dims=dims, ropes=tuple(ropes), fwd=fwd, raw=raw,
         outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
-        fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs),
+        fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs), row_fwd=(),
     )
 
 
@@ -274,5 +314,5 @@ def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineT
     body = ["o_K = o_k", "m_K = m_k"] + [f"x_{name} = {role_of[name]}" for name, _ in t.targets]
     if t.ropes:
         body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
-    body += list(t.fwd)
+    body += list(t.row_fwd)
     return InlineTransforms(params, "\n".join(body), {role_of[name]: t.outs[name] for name, _ in t.targets})

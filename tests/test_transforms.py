@@ -7,7 +7,12 @@ and the validation of rotary dims and offsets. Sizes are small: the interpreter 
 """
 
 import importlib
+import json
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,11 +22,12 @@ from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.parse import parse_spec
+from fla_gen.runtime.launch import row_tile
 from fla_gen.runtime.rotary import rope_reference, rotary_embedding, rotary_tables
 from fla_gen.sample import relative_error, sample_inputs
 from fla_gen.verify import TOLERANCE, verify_op
 from fla_gen.write import write_files
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import REPO_ROOT, generated, poisoned_allocations, recurrence
 
 OP = "gated_delta_rule_rope"
 
@@ -68,6 +74,19 @@ def test_varlen_per_sequence_offsets_match_reference():
     errors = run_both(pkg.chunk_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
                       raw_inputs(1, 30, 2, 16, 8), cu_seqlens=cu, seqlen_offsets=offsets)
     assert_close(errors)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_partial_last_tile_and_padded_head_dim(dtype):
+    """The transform kernels hold BR flat (token, head) rows per program: B * T * H = 39 rows make two
+    tiles, the second partial, and K = 48 (full rotary) is padded to 64 channels."""
+    B, T, H, K, V = 1, 13, 3, 48, 8
+    BR, _ = row_tile(B * T * H, 64)
+    assert B * T * H > BR and B * T * H % BR
+    pkg = generated(OP)
+    errors = run_both(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
+                      raw_inputs(B, T, H, K, V, seed=3), dtype=dtype, seqlen_offsets=3)
+    assert_close(errors, dtype)
 
 
 def test_int_offset_matches_reference():
@@ -163,7 +182,8 @@ def variant(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 def test_interleaved_partial_rotary_other_family(variant, mode):
     rec, pkg = variant
-    x = sample_inputs(rec, 1, 21, 2, 16, 8, torch.float32)
+    # K = 24: the head dim padded to 32, rotary_dim 12
+    x = sample_inputs(rec, 1, 21, 2, 24, 8, torch.float32)
     kw = {"cu_seqlens": torch.tensor([0, 9, 21], dtype=torch.int32), "seqlen_offsets": torch.tensor([2, 7])}
     errors = run_both(getattr(pkg, f"{mode}_rope_variant"), pkg.rope_variant_reference, x, **kw)
     assert_close(errors)
@@ -181,6 +201,52 @@ def test_variant_decode_path_applies_transforms_on_load(variant, monkeypatch):
     ro, rht = pkg.rope_variant_reference(*[t.double() for t in x.values()], initial_state=h0.double(),
                                          output_final_state=True, seqlen_offsets=6)
     assert relative_error(o, ro) < 1e-5 and relative_error(ht, rht) < 1e-5
+
+
+VARIANT_AOT_CALL = """
+import torch
+from fla_gen.runtime.dispatch import forced_arch
+from rope_variant import fused_recurrent_rope_variant
+from rope_variant.transforms import RopeVariantTransforms
+
+
+def launches():
+    B, T, H, K = 2, 64, 2, 128
+    q, k = (torch.randn(B, T, H, K, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    v = torch.randn(B, T, H, K, dtype=torch.bfloat16)
+    g, dt_bias = torch.randn(B, T, H, requires_grad=True), torch.randn(H, requires_grad=True)
+    outs = RopeVariantTransforms.apply(torch.arange(B * T, dtype=torch.int32), (K // 2,), q, k, g, dt_bias)
+    torch.autograd.grad(sum(o.float().sum() for o in outs), [q, k, g, dt_bias])
+    with torch.no_grad(), forced_arch("sm90"):  # the decode path: transforms inline in the recurrent kernel
+        fused_recurrent_rope_variant(q, k, v, g, dt_bias)
+"""
+
+
+def test_variant_transform_kernels_compile_ahead_of_time(variant, tmp_path):
+    """The interleaved rope (partner o ^ 1 via tl.gather) and the feature maps, in the transform kernels
+    and inlined in the recurrent forward, compile for every target; the transform kernels do not spill.
+    (The specs' own ops, gated_delta_rule_rope included, are in tests/test_aot_matrix.py.)"""
+    (tmp_path / "variant_aot_call.py").write_text(textwrap.dedent(VARIANT_AOT_CALL))
+    out = tmp_path / "aot.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(variant[1].__file__).parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root), str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fla_gen.aot", "--call", "variant_aot_call:launches", "--json", str(out), "--jobs", "2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.exists(), console
+    reports = json.loads(out.read_text())["reports"]
+    stages = ("transform_fwd", "transform_bwd", "recurrent_fwd")
+    assert {(r["kernel"], r["cap"]) for r in reports} == {
+        (f"rope_variant_{s}_kernel", c) for s in stages for c in (80, 89, 90, 100)}, console
+    for r in reports:
+        assert r["error"] is None and not r["problems"], r
+        if "transform" in r["kernel"]:
+            assert r["spill_stores"] in (0, None) and r["spill_loads"] in (0, None), console
+    print(console)
 
 
 def test_variant_odd_rotary_dim_is_refused(variant):

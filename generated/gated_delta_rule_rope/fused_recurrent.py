@@ -21,7 +21,7 @@ from fla_gen.runtime.torch_op import (
 from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
-from .transforms import _gather, _rope_coefs, gated_delta_rule_rope_transform_args, gated_delta_rule_rope_transforms
+from .transforms import _rope_coefs, gated_delta_rule_rope_transform_args, gated_delta_rule_rope_transforms
 
 # Kernels (templates/kernels/fused_recurrent_delta.jinja): they use the torch, triton and tl imported above.
 
@@ -92,8 +92,8 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
             t2 = tl.load(x_g + row).to(tl.float32)
             t3 = tl.load(x_beta + row).to(tl.float32)
             rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-            t4 = t0 * rc0 + rs0 * _gather(t0, rp0, o_K)
-            t5 = t1 * rc0 + rs0 * _gather(t1, rp0, o_K)
+            t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=0)
+            t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=0)
             t6 = tl.where(m_K, t4, 0.0)
             t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=0) + 1e-06)
             t8 = t6 * t7

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.launch import row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 
 _TARGETS = ['q', 'k', 'g', 'beta']
@@ -23,15 +24,9 @@ _FP32_OUTPUTS = ['g']
 
 
 @triton.jit
-def _gather(x, idx, o):
-    """x[idx] for a register vector x: a one-hot sum (Triton has no register shuffle by index)."""
-    return tl.sum(tl.where(idx[:, None] == o[None, :], x[None, :], 0.0), axis=1)
-
-
-@triton.jit
 def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
-    """Per channel o: cos, the signed sin and the partner channel of RoPE at position pos; channels o >= R
-    pass through (cos 1, sin 0, partner itself)."""
+    """Per channel o: cos, the signed sin and the partner channel of RoPE at position pos, all of the
+    shape of o * pos; channels o >= R pass through (cos 1, sin 0, partner itself)."""
     if INTERLEAVED:
         first = (o % 2) == 0
         partner = o ^ 1
@@ -44,32 +39,36 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
     angle = pos * tl.exp2(-2.0 * freq.to(tl.float32) / R * log2_base)
     c = tl.where(rot, tl.cos(angle), 1.0)
     s = tl.where(rot, tl.where(first, -tl.sin(angle), tl.sin(angle)), 0.0)
-    return c, s, tl.where(rot, partner, o)
+    # tl.gather takes an index of the gathered tensor's shape
+    return c, s, tl.broadcast_to(tl.where(rot, partner, o), c.shape)
 
 
 @triton.jit
 def gated_delta_rule_rope_transform_fwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, y_q, y_k, y_g, y_beta,
-    pos, rope0_dim, H, K, V,
-    BK: tl.constexpr, BV: tl.constexpr,
+    pos, rope0_dim, n_rows, H, K, V,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_t, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    row = i_t * H + i_h
-    o_K = tl.arange(0, BK)
+    # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = (o_r < n_rows)[:, None]
+    row = tl.minimum(o_r, n_rows - 1)[:, None]
+    i_h = row % H
+    o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    b_pos = tl.load(pos + i_t).to(tl.float32)
+    b_pos = tl.load(pos + row // H).to(tl.float32)
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t2 = tl.load(x_g + row).to(tl.float32)
     t3 = tl.load(x_beta + row).to(tl.float32)
     rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-    t4 = t0 * rc0 + rs0 * _gather(t0, rp0, o_K)
-    t5 = t1 * rc0 + rs0 * _gather(t1, rp0, o_K)
+    t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=1)
+    t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=1)
     t6 = tl.where(m_K, t4, 0.0)
-    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=0) + 1e-06)
+    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
     t8 = t6 * t7
     t9 = tl.where(m_K, t5, 0.0)
-    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=0) + 1e-06)
+    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=1, keep_dims=True) + 1e-06)
     t11 = t9 * t10
     t12 = tl.sigmoid(t3)
     t13 = tl.load(p_A_log + i_h).to(tl.float32)
@@ -79,35 +78,39 @@ def gated_delta_rule_rope_transform_fwd_kernel(
     t17 = t2 + t16
     t18 = tl.where(t17 > 20.0, t17, tl.log(1.0 + tl.exp(tl.minimum(t17, 20.0))))
     t19 = t15 * t18
-    tl.store(y_q + row * K + o_K, t8.to(y_q.dtype.element_ty), mask=m_K)
-    tl.store(y_k + row * K + o_K, t11.to(y_k.dtype.element_ty), mask=m_K)
-    tl.store(y_g + row, t19.to(y_g.dtype.element_ty))
-    tl.store(y_beta + row, t12.to(y_beta.dtype.element_ty))
+
+    tl.store(y_q + row * K + o_K, t8.to(y_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_k + row * K + o_K, t11.to(y_k.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_g + row, t19.to(y_g.dtype.element_ty), mask=m_r)
+    tl.store(y_beta + row, t12.to(y_beta.dtype.element_ty), mask=m_r)
 
 
 @triton.jit
 def gated_delta_rule_rope_transform_bwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, dy_q, dy_k, dy_g, dy_beta, dx_q, dx_k, dx_g, dx_beta, dp_A_log, dp_dt_bias,
-    pos, rope0_dim, H, K, V,
-    BK: tl.constexpr, BV: tl.constexpr,
+    pos, rope0_dim, n_rows, H, K, V,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_t, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    row = i_t * H + i_h
-    o_K = tl.arange(0, BK)
+    # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = (o_r < n_rows)[:, None]
+    row = tl.minimum(o_r, n_rows - 1)[:, None]
+    i_h = row % H
+    o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    b_pos = tl.load(pos + i_t).to(tl.float32)
+    b_pos = tl.load(pos + row // H).to(tl.float32)
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t2 = tl.load(x_g + row).to(tl.float32)
     t3 = tl.load(x_beta + row).to(tl.float32)
     rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-    t4 = t0 * rc0 + rs0 * _gather(t0, rp0, o_K)
-    t5 = t1 * rc0 + rs0 * _gather(t1, rp0, o_K)
+    t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=1)
+    t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=1)
     t6 = tl.where(m_K, t4, 0.0)
-    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=0) + 1e-06)
+    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
     t8 = t6 * t7
     t9 = tl.where(m_K, t5, 0.0)
-    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=0) + 1e-06)
+    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=1, keep_dims=True) + 1e-06)
     t11 = t9 * t10
     t12 = tl.sigmoid(t3)
     t13 = tl.load(p_A_log + i_h).to(tl.float32)
@@ -117,6 +120,7 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     t17 = t2 + t16
     t18 = tl.where(t17 > 20.0, t17, tl.log(1.0 + tl.exp(tl.minimum(t17, 20.0))))
     t19 = t15 * t18
+
     dy0 = tl.load(dy_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     dy1 = tl.load(dy_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     dy2 = tl.load(dy_g + row).to(tl.float32)
@@ -129,34 +133,38 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     d5 = -d0
     d6 = d5 * t14
     d7 = dy3 * t12 * (1.0 - t12)
-    d8 = tl.where(m_K, t10 * (dy1 - t11 * tl.sum(dy1 * t11, axis=0)), 0.0)
-    d9 = tl.where(m_K, t7 * (dy0 - t8 * tl.sum(dy0 * t8, axis=0)), 0.0)
-    d10 = d8 * rc0 + _gather(d8 * rs0, rp0, o_K)
-    d11 = d9 * rc0 + _gather(d9 * rs0, rp0, o_K)
-    tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_K)
-    tl.store(dx_k + row * K + o_K, (d10).to(dx_k.dtype.element_ty), mask=m_K)
-    tl.store(dx_g + row, (d3).to(dx_g.dtype.element_ty))
-    tl.store(dx_beta + row, (d7).to(dx_beta.dtype.element_ty))
-    tl.store(dp_A_log + row, d6)
-    tl.store(dp_dt_bias + row, d4)
+    d8 = tl.where(m_K, t10 * (dy1 - t11 * tl.sum(dy1 * t11, axis=1, keep_dims=True)), 0.0)
+    d9 = tl.where(m_K, t7 * (dy0 - t8 * tl.sum(dy0 * t8, axis=1, keep_dims=True)), 0.0)
+    d10 = d8 * rc0 + tl.gather(d8 * rs0, rp0, axis=1)
+    d11 = d9 * rc0 + tl.gather(d9 * rs0, rp0, axis=1)
+    tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(dx_k + row * K + o_K, (d10).to(dx_k.dtype.element_ty), mask=m_r & m_K)
+    tl.store(dx_g + row, (d3).to(dx_g.dtype.element_ty), mask=m_r)
+    tl.store(dx_beta + row, (d7).to(dx_beta.dtype.element_ty), mask=m_r)
+    tl.store(dp_A_log + row, d6, mask=m_r)
+    tl.store(dp_dt_bias + row, d4, mask=m_r)
 
 
 def _geometry(targets):
+    """Flat (token, head) rows, H, K, V, their padded tiles, and the kernels' launch: grid, BR, warps."""
     B, T, H = targets[0].shape[:3]
     K = targets[0].shape[-1]
     V = 1
-    return B * T, H, K, V, triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    rows = B * T * H
+    BR, warps = row_tile(rows, max(BK, BV))
+    return rows, H, K, V, BK, BV, (triton.cdiv(rows, BR),), BR, warps
 
 
 class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, *tensors):
         targets, heads = tensors[:len(_TARGETS)], tensors[len(_TARGETS):]
-        rows, H, K, V, BK, BV = _geometry(targets)
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets)
         outs = tuple(torch.empty_like(x, dtype=torch.float32 if n in _FP32_OUTPUTS else x.dtype)
                      for n, x in zip(_TARGETS, targets))
-        gated_delta_rule_rope_transform_fwd_kernel[(rows, H)](
-            *targets, *heads, *outs, positions, *rope_dims, H, K, V, BK=BK, BV=BV,
+        gated_delta_rule_rope_transform_fwd_kernel[grid](
+            *targets, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, num_warps=warps,
         )
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
@@ -166,14 +174,15 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
     def backward(ctx, *grads):
         positions, *tensors = ctx.saved_tensors
         targets, heads = tensors[:len(_TARGETS)], tensors[len(_TARGETS):]
-        rows, H, K, V, BK, BV = _geometry(targets)
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets)
         dx = tuple(torch.empty_like(x) for x in targets)
-        dp = tuple(torch.empty(rows * H, dtype=torch.float32, device=x.device) for x in heads)
+        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
         grads = tuple(g.contiguous() for g in grads)
-        gated_delta_rule_rope_transform_bwd_kernel[(rows, H)](
-            *targets, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, H, K, V, BK=BK, BV=BV,
+        gated_delta_rule_rope_transform_bwd_kernel[grid](
+            *targets, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
+            BR=BR, BK=BK, BV=BV, num_warps=warps,
         )
-        dh = tuple(d.view(rows, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, *dx, *dh)
 
 
