@@ -45,6 +45,17 @@ DTYPES = ("fp16", "bf16", "fp32")
 
 
 @dataclass(frozen=True)
+class ArchRule:
+    """A measured per-arch override of one KernelShape value (warps, or most pipeline stages), for the
+    head-dim buckets ``head_dims`` (default: all of them), with the measurement as its reason."""
+
+    arch: str
+    value: int
+    reason: str
+    head_dims: tuple[int, ...] = HEAD_DIM_BUCKETS
+
+
+@dataclass(frozen=True)
 class KernelShape:
     """What one kernel stages in shared memory per pipeline stage, in tiles of the plan.
 
@@ -57,10 +68,10 @@ class KernelShape:
     tiles: tuple[tuple[str, str], ...]
     resident: tuple[tuple[str, str], ...] = ()
     pipelined: bool = True
-    # (arch, num_warps, reason) overrides of the 4-warp default, from `fla-gen aot` register reports.
-    warps: tuple[tuple[str, int, str], ...] = ()
-    # (arch, most pipeline stages, reason): caps measured by `fla-gen aot` where the tile model is optimistic.
-    max_stages: tuple[tuple[str, int, str], ...] = ()
+    # Overrides of the 4-warp default, from `fla-gen aot` register reports or GPU timings.
+    warps: tuple[ArchRule, ...] = ()
+    # Most pipeline stages, measured by `fla-gen aot` where the tile model is optimistic.
+    max_stages: tuple[ArchRule, ...] = ()
     # Keeps a whole-K [K, BV] state tile in registers (sequential over chunks): BV shrinks as K grows.
     whole_k: bool = False
     # Archs where a kernel that loops over V tiles around a once-built [BT, BT] product takes one V tile
@@ -87,33 +98,41 @@ class Algorithm:
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")))
 _CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),))
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
+# Not at head dim 64: there one K tile covers the head and 8 warps lay bwd_dqkvg's dots out apart (3 MMA->MMA
+# conversions on sm90, fla-gen aot); 4 warps do not.
 _WIDE_GRADS = "8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers"
 _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
                                          ("BK", "BV")), (("BT", "BT"),),
-                           warps=(("sm90", 8, _WIDE_GRADS), ("sm100", 8, _WIDE_GRADS)))
+                           warps=(ArchRule("sm90", 8, _WIDE_GRADS, (128, 256)),
+                                  ArchRule("sm100", 8, _WIDE_GRADS, (128, 256))))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False)
 
 # Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel fwd_o and bwd_dv stage whole-chunk [BT, BT]
 # products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages 88-128 KB, 1 stage ~24-40 KB.
 # The tile model below underestimates them, so the measured caps bound the stage search.
 _CHANNEL_STAGE_CAPS = (
-    ("sm80", 2, "2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB"),
-    ("sm86", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB"),
-    ("sm89", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB"),
-    ("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
-    ("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
+    ArchRule("sm80", 2, "2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB"),
+    ArchRule("sm86", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB", (64, 128)),
+    ArchRule("sm86", 1, "1 stage: at head dim 256, 2 stages need 152-161 KB (measured), over the 99 KB limit",
+             (256,)),
+    ArchRule("sm89", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB", (64, 128)),
+    ArchRule("sm89", 1, "1 stage: at head dim 256, 2 stages need 152-161 KB (measured), over the 99 KB limit",
+             (256,)),
+    ArchRule("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
+    ArchRule("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
 )
 _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                            max_stages=_CHANNEL_STAGE_CAPS, wide_v=tuple(ARCH_NAMES))
 
 # fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
 # tiles take 228 registers at 4 warps, 182 at 8. The entry-wise kernels' warps are measured (2026-11-23).
-_DPLR_DA_WARPS = tuple((a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)")
+_DPLR_DA_WARPS = tuple(ArchRule(a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)")
                        for a in ARCH_NAMES)
-_DPLR_DQK_WARPS = tuple((a, 4, "4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 "
-                                 "ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)")
+_DPLR_DQK_WARPS = tuple(ArchRule(a, 4, "4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk "
+                                         "8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), "
+                                         "6.12 at 2)")
                         for a in ARCH_NAMES)
-_DPLR_INTRA_WARPS = tuple((a, 8, "8 warps (measured, H100: fwd_intra 2.97 ms at 4 warps, 2.71 at 8, 2.77 at 2)")
+_DPLR_INTRA_WARPS = tuple(ArchRule(a, 8, "8 warps (measured, H100: fwd_intra 2.97 ms at 4 warps, 2.71 at 8, 2.77 at 2)")
                           for a in ARCH_NAMES)
 
 # Measured on the H100 (benchmarks/profile_op.py --op rwkv7 --gate-lower-bound -0.6065, 4x4096x16x128 bf16,
@@ -150,7 +169,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("fwd_o", (("BT", "BK"), ("BK", "BT"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BV")), whole_k=True,
-                               max_stages=(("sm86", 1, _DELTA_DH_89), ("sm89", 1, _DELTA_DH_89))),
+                               max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
                    KernelShape("bwd_dqk", (("BT", "BV"), ("BT", "BV"), ("BV", "BT"), ("BV", "BT"), ("BV", "BK")),
                                (("BT", "BT"), ("BT", "BT"))),
                    # 4 warps (the default): at 8, wgmma lays out bwd_wy's chained dots apart (MMA->MMA on sm90).
@@ -318,9 +337,10 @@ def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: in
     return per_stage * max(stages, 1) + resident
 
 
-def _arch_rule(rules: tuple[tuple[str, int, str], ...], arch: ArchInfo) -> tuple[int, str] | None:
-    """The (value, reason) of the rule for ``arch`` in a KernelShape's per-arch overrides, if any."""
-    return next(((n, why) for name, n, why in rules if name == arch.name), None)
+def _arch_rule(rules: tuple[ArchRule, ...], arch: ArchInfo, head_dim: int) -> tuple[int, str] | None:
+    """The (value, reason) of the rule for ``arch`` and head-dim bucket ``head_dim`` in a KernelShape's
+    per-arch overrides, if any."""
+    return next(((r.value, r.reason) for r in rules if r.arch == arch.name and head_dim in r.head_dims), None)
 
 
 def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, most: int, budget: int) -> int:
@@ -333,7 +353,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
-    if rule := _arch_rule(shape.warps, arch):
+    if rule := _arch_rule(shape.warps, arch, head_dim):
         warps, warps_why = rule
     if shape.pair_tiles and chunk_size > 16:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
@@ -355,7 +375,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)
-    cap = _arch_rule(shape.max_stages, arch)
+    cap = _arch_rule(shape.max_stages, arch, head_dim)
     if shape.whole_k:
         bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
         sizes = {"BT": chunk_size, "BK": head_dim, "BV": bv}
@@ -370,8 +390,9 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                             f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB; {warps_why}")
     most, cap_why = (cap[0], f"; {cap[1]}") if cap else (3, "")
     tiles = [(t, t) for t in (block, block // 2, block // 4)]
-    if arch.name in shape.wide_v and head_dim > block:
-        tiles.insert(0, (block, min(128, head_dim)))
+    if arch.name in shape.wide_v and head_dim == 2 * block:
+        # Not at head dim 256: a [64, 128] tile pair needs 272-305 KB at 2 stages there (fla-gen aot, sm90).
+        tiles.insert(0, (block, head_dim))
     for bk, bv in tiles:
         sizes = {"BT": chunk_size, "BK": bk, "BV": bv}
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):

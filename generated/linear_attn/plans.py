@@ -271,8 +271,8 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
+            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm90", "bf16", 128): Plan(
@@ -313,8 +313,8 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
+            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm90", "fp32", 128): Plan(
@@ -355,8 +355,8 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
+            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm100", "bf16", 128): Plan(
@@ -397,8 +397,8 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=1,
-                                 reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
+            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='64x64 tiles, 1 stage(s): ~112 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
     ("sm100", "fp32", 128): Plan(
