@@ -30,6 +30,7 @@ import triton  # noqa: E402
 
 from fla_gen.cli import load_recurrence  # noqa: E402
 from fla_gen.runtime.rotary import rope_positions, rope_reference  # noqa: E402
+from fla_gen.runtime.validate import CallShape  # noqa: E402
 from fla_gen.sample import relative_error, sample_inputs  # noqa: E402
 from fla_gen.verify import TOLERANCE  # noqa: E402
 
@@ -106,9 +107,21 @@ def main() -> int:
         if backward:
             o.backward(do_full)
 
+    # The floor of any fusion: the plain op on inputs transformed beforehand (transforms cost nothing).
+    with torch.no_grad():
+        pre = {n: t.detach().clone().requires_grad_(True)
+               for n, t in zip(("q", "k", "v", "g", "beta"), torch_transforms(*[leaves[n] for n in names]),
+                               strict=True)}
+
+    def run_pretransformed(backward: bool):
+        o, _ = plain(*pre.values())
+        if backward:
+            o.backward(do_full)
+
     do_full = torch.randn(B, T, H, D, device=args.device, dtype=dtype)
     rows = []
-    for label, fn in (("fused", run_fused), ("torch transforms + op", run_unfused)):
+    for label, fn in (("fused", run_fused), ("torch transforms + op", run_unfused),
+                      ("op alone (pre-transformed)", run_pretransformed)):
         row = {"variant": label}
         for mode, bwd in (("fwd", False), ("fwd+bwd", True)):
             if not bwd:
@@ -119,8 +132,22 @@ def main() -> int:
                 row[f"{mode}_ms"] = median_ms(lambda fn=fn: fn(True), args.device, **grad_to_none)
         rows.append(row)
     # The transforms alone: what fusion saves is the gap between these two lines.
+    transforms = getattr(importlib.import_module(f"generated.{OP}.transforms"), f"{OP}_transforms")
+    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None)
     with torch.no_grad():
         t_torch = median_ms(lambda: torch_transforms(*[leaves[n] for n in names]), args.device)
+        t_kernel = median_ms(lambda: transforms(*[leaves[n] for n in ("q", "k", "g", "beta", "A_log", "dt_bias")],
+                                                call=call), args.device)
+        # full-size agreement of the transform kernels with the same transforms in fp32 torch
+        mine = transforms(*[leaves[n] for n in ("q", "k", "g", "beta", "A_log", "dt_bias")], call=call)
+        ref32 = torch_transforms(*[leaves[n].float() for n in names])
+        ref32 = dict(zip(("q", "k", "v", "g", "beta"), ref32, strict=True))
+        full = {f"full {n}": relative_error(a, ref32[n]) for n, a in zip(("q", "k", "g", "beta"), mine, strict=True)}
+        errors.update(full)
+        failures.update({k: e for k, e in full.items() if not e <= tol_fwd})
+    # bytes the transform kernels must move: q, k read and written; g, beta read; g (fp32) and beta written
+    elem = torch.finfo(dtype).bits // 8
+    moved = B * T * H * (4 * D * elem + 2 * elem + 4 + elem)
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     # Decode step (T = 1, state in and out, no autograd): fused_recurrent applies the transforms inside its
@@ -147,7 +174,8 @@ def main() -> int:
     print(f"{'variant':<24} {'fwd ms':>8} {'fwd+bwd ms':>11}")
     for r in rows:
         print(f"{r['variant']:<24} {r['fwd_ms']:>8.3f} {r['fwd+bwd_ms']:>11.3f}")
-    print(f"torch transforms alone (fwd): {t_torch:.3f} ms")
+    print(f"torch transforms alone (fwd): {t_torch:.3f} ms; generated transform kernel alone (fwd): {t_kernel:.3f} ms "
+          f"= {moved / t_kernel / 1e6:.0f} GB/s of its {moved / 1e6:.0f} MB in + out")
     print(f"decode step T=1 B={dec_B} (no autograd, fp32 state in and out):")
     for label, ms in decode.items():
         print(f"  {label:<34} {ms:>8.4f} ms")
@@ -156,6 +184,7 @@ def main() -> int:
         args.out.write_text(json.dumps({"shape": {"B": B, "T": T, "H": H, "D": D}, "dtype": args.dtype,
                                         "device": device, "errors": errors,
                                         "failures": failures, "rows": rows, "torch_transforms_fwd_ms": t_torch,
+                                        "transform_kernel_fwd_ms": t_kernel, "transform_kernel_bytes": moved,
                                         "decode_B": dec_B, "decode_ms": decode},
                                        indent=2))
     return 1 if failures else 0

@@ -4,7 +4,8 @@
 # Device tool: command `bash benchmarks/device_run.sh`, carry [".whl"], timeout_s 600.
 # (.whl holds fla_core-0.6.0 + einops; see benchmarks/README.md.) Knobs, as env vars before `bash`:
 #   OPS=linear_attn,simple_gla,gla   SHAPES=4x4096x16x128 (or issue7: its four shapes)   STAGES="check bench"
-#   (also: field, the RWKV-7 + cu_seqlens call of benchmarks/rwkv7_field_call.py, run first)
+#   (also: field, the RWKV-7 + cu_seqlens call of benchmarks/rwkv7_field_call.py, run first; transforms,
+#   benchmarks/bench_transforms.py with TRANSFORMS_ARGS, run second)
 #   CHECK_S=120 (gpu_check wall limit)   BENCH_S=450 (bench_ops wall limit); keep their sum <= ~570
 #   FLA_JOBS=3 (fla first calls = compile + autotune, run 3 at a time: ~5 min instead of ~8)
 #   LIBS=sdpa,ours,fla   CHECK_ARGS=... BENCH_ARGS=... (extra flags, e.g. BENCH_ARGS=--quick)
@@ -75,6 +76,14 @@ if [[ " $STAGES " == *" field "* ]]; then
   timeout -k 10 300 python3 benchmarks/rwkv7_field_call.py $FIELD_ARGS --out "$OUT/rwkv7_field.json" 2>&1 | tee -a "$LOG"
   rc_field=$?
 fi
+rc_transforms=skipped
+if [[ " $STAGES " == *" transforms "* ]]; then
+  echo "== bench_transforms (limit 240s) at $((SECONDS - T0))s" | tee -a "$LOG"
+  # shellcheck disable=SC2086
+  timeout -k 10 240 python3 benchmarks/bench_transforms.py $TRANSFORMS_ARGS --out "$OUT/transforms.json" 2>&1 \
+    | tee "$OUT/transforms_table.txt" | tee -a "$LOG"
+  rc_transforms=$?
+fi
 if [[ " $STAGES " == *" check "* ]]; then
   echo "== gpu_check (limit ${CHECK_S}s) at $((SECONDS - T0))s" | tee -a "$LOG"
   # shellcheck disable=SC2086
@@ -93,8 +102,8 @@ fi
 
 {
   echo
-  echo "== done in $((SECONDS - T0))s  gpu_check rc=$rc_check  bench_ops rc=$rc_bench  rwkv7_field rc=$rc_field (124 = stage limit hit)"
-  for t in check_table bench_table; do
+  echo "== done in $((SECONDS - T0))s  gpu_check rc=$rc_check  bench_ops rc=$rc_bench  rwkv7_field rc=$rc_field  transforms rc=$rc_transforms (124 = stage limit hit)"
+  for t in transforms_table check_table bench_table; do
     echo
     cat "$OUT/$t.txt" 2>/dev/null || echo "($t.txt not written)"
   done

@@ -61,31 +61,43 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
             fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra)
 
 
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
 def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtype = torch.bfloat16,
-                      head_dim: int = 128, varlen_caps=(89, 90), jobs: int = 2) -> list[MatrixEntry]:
-    """Compile all kernels of ``generated.<op>`` for each cap, each with that arch's plan."""
+                      head_dims=(128,), varlen_caps=(89, 90), jobs: int = 2) -> list[MatrixEntry]:
+    """Compile all kernels of ``generated.<op>`` for each cap and head dim (K = V), each with that
+    target's plan. The first head dim gets the full matrix (dense, varlen on ``varlen_caps``, the
+    bounded-gate plans); the others dense calls only, on the targets whose plan tables have a row
+    for them (a call that needs a missing row is refused on the host, so it has nothing to compile).
+    Variants of the other head dims are named ``dense_k<dim>``."""
     pkg = importlib.import_module(f"generated.{rec.spec.package}")
+    tables = importlib.import_module(f"generated.{rec.spec.package}.plans")
+    dtype_name = _DTYPE_NAMES[dtype]
     entries = []
-    for cap in caps:
-        for varlen in (False, True) if cap in varlen_caps else (False,):
+    for i, head_dim in enumerate(head_dims):
+        for cap in caps:
+            key = (ARCH_OF_CAP[cap], dtype_name, head_dim)
+            if any(key not in getattr(tables, t) for t in ("CHUNK_PLANS", "RECURRENT_PLANS")):
+                continue
+            suffix = "" if i == 0 else f"_k{head_dim}"
+            for varlen in (False, True) if i == 0 and cap in varlen_caps else (False,):
+                with forced_arch(ARCH_OF_CAP[cap]):
+                    launches = capture_launches(lambda v=varlen, d=head_dim: [
+                        _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
+                    ])
+                variant = ("varlen" if varlen else "dense") + suffix
+                for report in compile_all(launches, [cap], jobs=jobs):
+                    entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
+            # chunk ops with a plan for bounded gates (other kernels: FACTORED, 32-token chunks), where this
+            # target has one; with cu_seqlens on the last of varlen_caps
+            if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}):
+                continue
+            varlen = bool(varlen_caps) and cap == varlen_caps[-1]
             with forced_arch(ARCH_OF_CAP[cap]):
-                launches = capture_launches(lambda v=varlen: [
-                    _call_op(pkg, rec, mode, dtype, v, head_dim, head_dim) for mode in ("chunk", "fused_recurrent")
-                ])
-            variant = "varlen" if varlen else "dense"
+                launches = capture_launches(lambda v=varlen, d=head_dim: _call_op(pkg, rec, "chunk", dtype, v, d, d,
+                                                                                   bounded=True))
             for report in compile_all(launches, [cap], jobs=jobs):
-                entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
-        # chunk ops with a plan for bounded gates (other kernels: FACTORED, 64-token chunks), where this
-        # target has one; with cu_seqlens on the last of varlen_caps
-        bounded = getattr(importlib.import_module(f"generated.{rec.spec.package}.plans"), "BOUNDED_CHUNK_PLANS", {})
-        if (ARCH_OF_CAP[cap], {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
-                head_dim) not in bounded:
-            continue
-        varlen = bool(varlen_caps) and cap == varlen_caps[-1]
-        with forced_arch(ARCH_OF_CAP[cap]):
-            launches = capture_launches(lambda v=varlen: _call_op(pkg, rec, "chunk", dtype, v, head_dim, head_dim,
-                                                                   bounded=True))
-        for report in compile_all(launches, [cap], jobs=jobs):
-            entries.append(MatrixEntry(rec.spec.op, "bounded_varlen" if varlen else "bounded", report,
-                                       tuple(check_report(report))))
+                entries.append(MatrixEntry(rec.spec.op, "bounded_varlen" if varlen else "bounded", report,
+                                           tuple(check_report(report))))
     return entries

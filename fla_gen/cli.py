@@ -192,6 +192,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
         print("fla-gen aot: name one or more spec files, or pass --all", file=sys.stderr)
         return EXIT_USAGE
     caps = tuple(int(c.removeprefix("sm")) for c in args.arch.split(","))
+    head_dims = tuple(int(d) for d in args.head_dims.split(","))
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     from fla_gen.aot_ops import compile_op_matrix
@@ -203,12 +204,13 @@ def _cmd_aot(args: argparse.Namespace) -> int:
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             return EXIT_SPEC_ERROR
-        for entry in compile_op_matrix(rec, caps=caps, jobs=args.jobs):
+        for entry in compile_op_matrix(rec, caps=caps, head_dims=head_dims, jobs=args.jobs):
             r = entry.report
             status = "ok" if not entry.problems else "; ".join(entry.problems)
             bad += bool(entry.problems)
-            print(f"{entry.op:<12} {entry.variant:<6} sm{r.cap:<4} {r.kernel:<40} smem {r.shared_bytes // 1024:>4} KB  "
-                  f"regs {r.registers}  spills {r.spill_stores}  {'wgmma' if r.uses_wgmma else '':<5}  {status}")
+            print(f"{entry.op:<12} {entry.variant:<10} sm{r.cap:<4} {r.kernel:<40} "
+                  f"smem {r.shared_bytes // 1024:>4} KB  regs {r.registers}  spills {r.spill_stores}  "
+                  f"{'wgmma' if r.uses_wgmma else '':<5}  {status}")
             rows.append({"op": entry.op, "variant": entry.variant, "kernel": r.kernel, "cap": r.cap,
                          "shared_bytes": r.shared_bytes, "registers": r.registers, "spill_stores": r.spill_stores,
                          "uses_wgmma": r.uses_wgmma, "num_warps": r.num_warps, "num_stages": r.num_stages,
@@ -276,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (.fla) whose generated ops to compile")
     aot.add_argument("--all", action="store_true", help="every spec in specs/")
     aot.add_argument("--arch", default="sm80,sm89,sm90,sm100", help="comma-separated targets (default all four)")
+    aot.add_argument("--head-dims", default="128", metavar="DIMS",
+                     help="comma-separated head dims (K = V); the first gets the full matrix (varlen, bounded gates), "
+                          "the others dense calls on the targets with a plan for them (default 128)")
     aot.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
     aot.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     aot.set_defaults(func=_cmd_aot)

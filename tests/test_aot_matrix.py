@@ -2,7 +2,8 @@
 
 `fla-gen aot --all` runs in a subprocess without TRITON_INTERPRET (compiles need real
 @triton.jit kernels). It captures the launches of chunk and fused_recurrent, forward and
-backward (dense everywhere, varlen on sm89 and sm90), compiles each specialization for its
+backward (dense everywhere, varlen on sm89 and sm90; at head dims 128, and 64 and 256 dense where
+the target has a plan for them), compiles each specialization for its
 target and fails on a compile error, shared memory over the arch limit, or an MMA -> MMA
 layout conversion off Ampere. Here we also check that wgmma is used on sm90 where the plan
 tiles a kernel for the tensor cores.
@@ -24,7 +25,7 @@ def aot_reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("aot") / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "fla_gen.cli", "aot", "--all", "--json", str(out)],
+        [sys.executable, "-m", "fla_gen.cli", "aot", "--all", "--head-dims", "128,64,256", "--json", str(out)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )
     return proc, json.loads(out.read_text()) if out.exists() else []
@@ -42,9 +43,14 @@ def test_every_kernel_compiles_cleanly_for_every_target(aot_reports):
             kernels = {r["kernel"] for r in rows if r["op"] == op and r["cap"] == cap}
             assert any("recurrent_fwd" in k for k in kernels) and any("fwd_h" in k for k in kernels), (spec, cap)
     assert {r["variant"] for r in rows if r["cap"] in (89, 90)} >= {"dense", "varlen"}
+    # every plan row of the other head-dim buckets compiles too (gla at 256 once overflowed sm90's shared
+    # memory, found only on the H100): every spec has rows at 64 and 256 on sm90
+    for spec in SPECS:
+        op = recurrence(spec.stem).spec.op
+        assert {r["variant"] for r in rows if r["op"] == op and r["cap"] == 90} >= {"dense_k64", "dense_k256"}, spec
     # the bounded-gate plans of the DPLR family, with cu_seqlens on sm90
     rwkv7_sm90 = {r["variant"] for r in rows if r["op"] == "rwkv7" and r["cap"] == 90}
-    assert rwkv7_sm90 == {"dense", "varlen", "bounded_varlen"}
+    assert rwkv7_sm90 == {"dense", "varlen", "bounded_varlen", "dense_k64", "dense_k256"}
 
 
 def test_sm90_matrix_kernels_use_wgmma(aot_reports):
