@@ -38,8 +38,8 @@ def main() -> int:
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
-    parser.add_argument("--rows", default="4,8,16,32,64", help="BR values")
-    parser.add_argument("--warps", default="1,2,4,8")
+    parser.add_argument("--rows", default="8,16,32,64", help="BR values")
+    parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) / "transform_tile.json"
                         if os.environ.get("OUT") else None)
     args = parser.parse_args()
@@ -57,6 +57,10 @@ def main() -> int:
     # q, k, g, beta in; their gradients in (g's fp32) and out; A_log / dt_bias partials out (fp32)
     bwd_bytes = B * T * H * (6 * D * elem + 2 * elem + 4 + elem + 2 * elem + 2 * 4)
     default = launch.row_tile(B * T * H, triton.next_power_of_2(D))
+    print(f"{OP} transforms B={B} T={T} H={H} D={D} bf16 ({torch.cuda.get_device_name()}); row_tile's choice: "
+          f"BR={default[0]} warps={default[1]} (first row); fwd moves {fwd_bytes / 1e6:.0f} MB, "
+          f"bwd {bwd_bytes / 1e6:.0f} MB")
+    print(f"{'BR':>4} {'warps':>5} {'fwd ms':>8} {'GB/s':>6} {'bwd ms':>8} {'GB/s':>6}", flush=True)
     rows = []
     for br, warps in [default, *itertools.product([int(x) for x in args.rows.split(",")],
                                                    [int(x) for x in args.warps.split(",")])]:
@@ -72,24 +76,17 @@ def main() -> int:
             del outs
         except Exception as e:  # a config that does not compile (registers) is a result, not a crash
             rows.append({"BR": br, "warps": warps, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            print(f"{br:>4} {warps:>5}  {rows[-1]['error']}", flush=True)
             continue
         bwd = total - fwd
         rows.append({"BR": br, "warps": warps, "fwd_ms": fwd, "bwd_ms": bwd,
                      "fwd_GBps": fwd_bytes / fwd / 1e6, "bwd_GBps": bwd_bytes / bwd / 1e6})
+        r = rows[-1]
+        print(f"{br:>4} {warps:>5} {fwd:>8.4f} {r['fwd_GBps']:>6.0f} {bwd:>8.4f} {r['bwd_GBps']:>6.0f}", flush=True)
+        if args.out:  # after every config, so a time limit keeps what was measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"shape": [B, T, H, D], "default": default, "rows": rows}, indent=1))
     module.row_tile = launch.row_tile
-    print(f"{OP} transforms B={B} T={T} H={H} D={D} bf16 ({torch.cuda.get_device_name()}); row_tile's choice: "
-          f"BR={default[0]} warps={default[1]} (first row); fwd moves {fwd_bytes / 1e6:.0f} MB, "
-          f"bwd {bwd_bytes / 1e6:.0f} MB")
-    print(f"{'BR':>4} {'warps':>5} {'fwd ms':>8} {'GB/s':>6} {'bwd ms':>8} {'GB/s':>6}")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['BR']:>4} {r['warps']:>5}  {r['error']}")
-        else:
-            print(f"{r['BR']:>4} {r['warps']:>5} {r['fwd_ms']:>8.4f} {r['fwd_GBps']:>6.0f} {r['bwd_ms']:>8.4f} "
-                  f"{r['bwd_GBps']:>6.0f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"shape": [B, T, H, D], "default": default, "rows": rows}, indent=1))
     return 0
 
 
