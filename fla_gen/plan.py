@@ -87,6 +87,8 @@ class KernelShape:
     # One program per BC-token sub-chunk ("BC" in tiles): its dots have M = BC = 16 rows, so they run
     # as mma.sync on every target (wgmma needs M >= 64).
     sub_chunk: bool = False
+    # (widest K tile, reason): a measured cap where wider K tiles keep too many [BT, BK] fp32 tiles live.
+    max_block_k: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,12 +136,17 @@ _CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("B
 # K tiles on the grid, no loop around the dots: dA rows [BC, BT] and k, G [BT, BK] for dq, the same for dk.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BT"), ("BT", "BK"), ("BT", "BK"), ("BC", "BT"),
                                                    ("BT", "BK"), ("BT", "BK")), pipelined=False, sub_chunk=True)
-# fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); the [BT, BT] A and the [BT, BV] v tile
-# are read once per V tile. One V tile where wide_v allows: A, q and exp(G) are read and computed once.
+# fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per
+# V tile (V tiles on the grid). One 128-wide V tile on wgmma targets (A, q and exp(G) read and computed
+# once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
 _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV")),
-                           wide_v=tuple(ARCH_NAMES))
+                           wide_v=("sm90", "sm100"))
 # bwd_dqkg: the inter-chunk dots do h^T, v dh^T in a V loop; the intra parts come from bwd_dqk_intra.
-_CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")))
+_CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
+                            max_block_k=(32, "K in 32-wide tiles: at 64 the [BT, BK] fp32 tiles of the epilogue take "
+                                             "255 registers and spill 8-20 B on sm80/89/90 (4 warps; 8 warps still "
+                                             "need 244 on sm80/89); at 32, 136-168 and none (fla-gen aot, "
+                                             "head dim 128)"))
 
 # fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
 # tiles take 228 registers at 4 warps, 182 at 8. The entry-wise kernels' warps are measured (2026-11-23).
@@ -417,11 +424,15 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     if arch.name in shape.wide_v and head_dim == 2 * block:
         # Not at head dim 256: a [64, 128] tile pair needs 272-305 KB at 2 stages there (fla-gen aot, sm90).
         tiles.insert(0, (block, head_dim))
+    if shape.max_block_k:
+        bk_cap, bk_why = shape.max_block_k
+        tiles = [(min(bk, bk_cap), bv) for bk, bv in tiles]
+        cap_why += f"; {bk_why}"
     for bk, bv in tiles:
         sizes = {"BT": chunk_size, "BC": sub_chunk, "BK": bk, "BV": bv}
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
             used = _smem_bytes(shape, sizes, elem, stages)
-            wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > bk else ""
+            wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > block else ""
             what = (f"one program per {sub_chunk}-token sub-chunk, K in {bk}-wide tiles" if shape.sub_chunk
                     else f"{bk}x{bv} tiles{wide}")
             return LaunchConfig(bk, bv, warps, stages,

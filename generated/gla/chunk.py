@@ -403,8 +403,6 @@ def gla_bwd_dqkg_kernel(
     p_y = (t0 * H + i_h) * V
     h_c = h + (i_hc * H + i_h) * K * V
     dh_c = dh + (i_hc * H + i_h) * K * V
-    b_g = tl.load(G + p_x + o_x, mask=m_ik, other=0.)
-    b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
 
     # inter-chunk terms: do h^T, v dh^T, and rowsum(h * dh) for the gradient of G_L
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
@@ -425,20 +423,24 @@ def gla_bwd_dqkg_kernel(
         b_dq += tl.dot(b_do, b_ht, input_precision=DOT_PRECISION)
         b_dk += tl.dot(b_v, b_dht, input_precision=DOT_PRECISION)
         b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-    b_dq = b_dq * (scale * tl.exp(tl.where(m_ik, b_g, float("-inf"))))
+    # the [BT, BK] tiles are read after the loop, one product at a time, to keep few of them live
+    b_g = tl.load(G + p_x + o_x, mask=m_ik, other=0.)
+    b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
+    b_dq = b_dq * (scale * tl.exp(tl.where(m_ik, b_g, float("-inf")))) + \
+        tl.load(dq_intra + p_x + o_x, mask=m_ik, other=0.)
+    tl.store(dq + p_x + o_x, b_dq.to(dq.dtype.element_ty), mask=m_ik)
+    # dL/dG_i = q_i dq_i - k_i dk_i (+ b_dgl at the last token)
+    b_dG = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * b_dq
     b_dk = b_dk * tl.exp(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
-    b_q = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
     b_k = tl.load(k + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
     # d<D, h'>/dG_L = exp(G_L) rowsum(h * D) + sum_j k_j dk^inter_j
     b_dgl = tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0)
-    b_dq += tl.load(dq_intra + p_x + o_x, mask=m_ik, other=0.)
     b_dk += tl.load(dk_intra + p_x + o_x, mask=m_ik, other=0.)
-    tl.store(dq + p_x + o_x, b_dq.to(dq.dtype.element_ty), mask=m_ik)
     tl.store(dk + p_x + o_x, b_dk.to(dk.dtype.element_ty), mask=m_ik)
-
-    # dL/dG_i = q_i dq_i - k_i dk_i (+ b_dgl at the last token); the gate of token t enters every
-    # G_i with i >= t of its chunk, hence the reverse cumsum (b_dgl reaches every token)
-    b_dg = tl.where(m_ik, tl.cumsum(b_q * b_dq - b_k * b_dk, axis=0, reverse=True) + b_dgl[None, :], 0.)
+    b_dG -= b_k * b_dk
+    # the gate of token t enters every G_i with i >= t of its chunk, hence the reverse cumsum
+    # (b_dgl reaches every token)
+    b_dg = tl.where(m_ik, tl.cumsum(b_dG, axis=0, reverse=True) + b_dgl[None, :], 0.)
     if USE_G:
         tl.store(dg + p_x + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
 
