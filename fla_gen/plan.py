@@ -432,7 +432,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         sizes = {"BT": chunk_size, "BC": sub_chunk, "BK": bk, "BV": bv}
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
             used = _smem_bytes(shape, sizes, elem, stages)
-            wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > block else ""
+            wide = " (one V tile: the [BT, BT] product serves all of V at once)" if bv > block else ""
             what = (f"one program per {sub_chunk}-token sub-chunk, K in {bk}-wide tiles" if shape.sub_chunk
                     else f"{bk}x{bv} tiles{wide}")
             return LaunchConfig(bk, bv, warps, stages,
