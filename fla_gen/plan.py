@@ -354,6 +354,11 @@ def _element_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
+def tile_dims(chunk_size: int, block_k: int, block_v: int) -> dict[str, int]:
+    """The values of the tile dims that KernelShape tiles name: BT, BC, BK, BV."""
+    return {"BT": chunk_size, "BC": min(SUB_CHUNK, chunk_size), "BK": block_k, "BV": block_v}
+
+
 def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: int) -> int:
     per_stage = sum(sizes[a] * sizes[b] for a, b in shape.tiles) * elem
     resident = sum(sizes[a] * sizes[b] for a, b in shape.resident) * elem
@@ -409,7 +414,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     cap = _arch_rule(shape.max_stages, arch, head_dim)
     if shape.whole_k:
         bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
-        sizes = {"BT": chunk_size, "BK": head_dim, "BV": bv}
+        sizes = tile_dims(chunk_size, head_dim, bv)
         stages = _most_stages_that_fit(shape, sizes, elem, min(2, cap[0]) if cap else 2, budget)
         if not stages:
             raise PlanError(f"kernel {shape.stage} keeps whole-K tiles of {head_dim} ({dtype}) that do not fit "
@@ -429,7 +434,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         tiles = [(min(bk, bk_cap), bv) for bk, bv in tiles]
         cap_why += f"; {bk_why}"
     for bk, bv in tiles:
-        sizes = {"BT": chunk_size, "BC": sub_chunk, "BK": bk, "BV": bv}
+        sizes = tile_dims(chunk_size, bk, bv)
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
             used = _smem_bytes(shape, sizes, elem, stages)
             wide = " (one V tile: the [BT, BT] product serves all of V at once)" if bv > block else ""

@@ -368,14 +368,15 @@ def gla_bwd_dqk_intra_kernel(
         b_kj = tl.load(k_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
         b_qj = tl.load(q_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
         b_gj = tl.load(g_c + i_j * (H * K) + o_k, mask=m_jk, other=0.)
-        m_lo = m_r & (o_c >= j)
-        m_up = m_r & (o_c <= j) & (i_j < n_t)
-        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_lo, other=0.)
-        b_ak = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_up, other=0.)
-        b_dq += b_aq[:, None] * b_kj[None, :] * \
-            tl.exp(tl.where(m_lo[:, None] & m_k[None, :], b_g - b_gj[None, :], float("-inf")))
-        b_dk += b_ak[:, None] * b_qj[None, :] * \
-            tl.exp(tl.where(m_up[:, None] & m_k[None, :], b_gj[None, :] - b_g, float("-inf")))
+        m_lo = (o_c >= j)[:, None]
+        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_r & (o_c >= j), other=0.)
+        b_ak = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_r & (o_c <= j) & (i_j < n_t), other=0.)
+        # one exp serves both: rows i >= n + j take exp(G_i - G_{n+j}) (dq), rows i <= n + j
+        # exp(G_{n+j} - G_i) (dk), the two meet at 1 on i = n + j
+        b_d = b_g - b_gj[None, :]
+        b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        b_dq += tl.where(m_lo, b_aq[:, None] * b_kj[None, :] * b_e, 0.)
+        b_dk += tl.where(o_c[:, None] <= j, b_ak[:, None] * b_qj[None, :] * b_e, 0.)
     tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq, mask=m_rk)
     tl.store(dk + (t0 * H + i_h) * K + o_x, b_dk, mask=m_rk)
 
