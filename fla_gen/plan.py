@@ -133,9 +133,10 @@ _CHANNEL_STAGE_CAPS = (
 # fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk, the off-diagonal blocks as one [BC, *] dot,
 # the diagonal block entry by entry. fwd_A loops over K tiles: q, G rows [BC, BK], k^T, G^T [BK, BT].
 _CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("BK", "BT")), sub_chunk=True)
-# K tiles on the grid, no loop around the dots: dA rows [BC, BT] and k, G [BT, BK] for dq, the same for dk.
-_CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BT"), ("BT", "BK"), ("BT", "BK"), ("BC", "BT"),
-                                                   ("BT", "BK"), ("BT", "BK")), pipelined=False, sub_chunk=True)
+# K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
+# k or q, G [BC, BK] per step: too short to pipeline.
+_CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
+                                 sub_chunk=True)
 # fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per
 # V tile (V tiles on the grid). One 128-wide V tile on wgmma targets (A, q and exp(G) read and computed
 # once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
@@ -389,8 +390,9 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     if shape.sub_chunk and not shape.pipelined:
         return LaunchConfig(block, block, warps, 1,
                             f"one program per {sub_chunk}-token sub-chunk and {block}-wide K tile (K on the grid): "
-                            f"one [{sub_chunk}, {chunk_size}] x [{chunk_size}, {block}] dot per product, the diagonal "
-                            f"block entry by entry, nothing to pipeline; {warps_why}")
+                            f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
+                            f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
+                            f"by entry; {warps_why}")
     if shape.pair_tiles and chunk_size > 16:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "

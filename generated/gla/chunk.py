@@ -325,38 +325,43 @@ def gla_bwd_dqk_intra_kernel(
     o_c = tl.arange(0, BC)
     o_r = i_n + o_c
     m_r = o_r < n_t
-    o_j = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_rk = m_r[:, None] & m_k[None, :]
     o_x = o_r[:, None] * (H * K) + o_k[None, :]
-    o_xj = o_j[:, None] * (H * K) + o_k[None, :]
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     dA_c = dA + (t0 * H + i_h) * BT
     b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
 
-    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks, through this one's
-    # first token n: exp(G_i - G_n) (dA[rows, :n] @ (k_j exp(G_n - G_j))), every exponent <= 0
-    m_b = o_j < i_n
-    m_bk = m_b[:, None] & m_k[None, :]
+    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens),
+    # through this one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j))
+    # over the earlier sub-chunks c, every exponent <= 0
     b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
-    b_kg = tl.load(k_c + o_xj, mask=m_bk, other=0.).to(tl.float32) * \
-        tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xj, mask=m_bk, other=0.), float("-inf")))
-    b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_j[None, :], mask=m_r[:, None] & m_b[None, :], other=0.)
-    b_dq = tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(0, i_i):
+        o_b = i_c * BC + o_c
+        o_xb = o_b[:, None] * (H * K) + o_k[None, :]
+        b_kg = tl.load(k_c + o_xb, mask=m_k[None, :], other=0.).to(tl.float32) * \
+            tl.exp(b_gn[None, :] - tl.load(g_c + o_xb, mask=m_k[None, :], other=0.))
+        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None], other=0.)
+        b_dq += tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
     b_dq = b_dq * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
 
     # dk_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks, through this one's last
-    # valid token m: exp(G_m - G_j) (dA[m+1:, cols]^T @ (q_i exp(G_i - G_m))), every exponent <= 0
+    # valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
     i_m = tl.minimum(i_n + BC, n_t) - 1
-    m_a = (o_j >= i_n + BC) & (o_j < n_t)
-    m_ak = m_a[:, None] & m_k[None, :]
     b_gm = tl.load(g_c + i_m * (H * K) + o_k, mask=m_k, other=0.)
-    b_qg = tl.load(q_c + o_xj, mask=m_ak, other=0.).to(tl.float32) * \
-        tl.exp(tl.where(m_ak, tl.load(g_c + o_xj, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
-    # dA^T [BC, BT], read transposed through the offsets
-    b_dAt = tl.load(dA_c + o_j[None, :] * (H * BT) + o_r[:, None], mask=m_r[:, None] & m_a[None, :], other=0.)
-    b_dk = tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(i_i + 1, tl.cdiv(n_t, BC)):
+        o_a = i_c * BC + o_c
+        m_a = o_a < n_t
+        m_ak = m_a[:, None] & m_k[None, :]
+        o_xa = o_a[:, None] * (H * K) + o_k[None, :]
+        b_qg = tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        # dA^T [BC, BC], read transposed through the offsets
+        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None], mask=m_r[:, None] & m_a[None, :], other=0.)
+        b_dk += tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
     b_dk = b_dk * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
