@@ -130,9 +130,9 @@ _CHANNEL_STAGE_CAPS = (
     ArchRule("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
     ArchRule("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
 )
-# fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk, the off-diagonal blocks as one [BC, *] dot,
-# the diagonal block entry by entry. fwd_A loops over K tiles: q, G rows [BC, BK], k^T, G^T [BK, BT].
-_CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("BK", "BT")), sub_chunk=True)
+# fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk, a [BC, BC] block of dots per other sub-chunk,
+# the diagonal block entry by entry. fwd_A loops over K tiles: q, G rows [BC, BK], k^T, G^T [BK, BC].
+_CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BC"), ("BK", "BC")), sub_chunk=True)
 # K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,

@@ -142,30 +142,38 @@ def gla_fwd_A_kernel(
     o_c = tl.arange(0, BC)
     o_r = i_n + o_c
     m_r = o_r < n_t
-    o_j = tl.arange(0, BT)
-    # the columns of the earlier sub-chunks (all valid tokens: they precede a valid row)
-    m_j = o_j < i_n
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
-    b_A = tl.zeros([BC, BT], dtype=tl.float32)
+    p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
+    # off the diagonal, one earlier sub-chunk c at a time (all valid tokens: they precede a valid
+    # row), through this sub-chunk's first token n: exp(G_i - G_n) <= 1 for its rows i,
+    # exp(G_n - G_j) <= 1 for the columns j of c; their product runs on tensor cores
+    for i_c in range(0, i_i):
+        o_b = i_c * BC + o_c
+        b_Ab = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_rk = m_r[:, None] & m_k[None, :]
+            o_x = o_r[:, None] * (H * K) + o_k[None, :]
+            # k^T and G^T tiles [BK, BC] of block c, read transposed through the offsets
+            o_xt = o_b[None, :] * (H * K) + o_k[:, None]
+            b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+            b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
+                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gn[None, :],
+                                         float("-inf"))))
+            b_kgt = tl.load(k_c + o_xt, mask=m_k[:, None], other=0.).to(tl.float32) * \
+                tl.exp(b_gn[:, None] - tl.load(g_c + o_xt, mask=m_k[:, None], other=0.))
+            b_Ab += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        tl.store(p_A + o_b[None, :], b_Ab.to(A.dtype.element_ty), mask=m_r[:, None])
+    # the diagonal BC x BC block entry by entry, one key token n + j at a time: exponents <= 0
     b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_rk = m_r[:, None] & m_k[None, :]
-        m_kj = m_k[:, None] & m_j[None, :]
         o_x = o_r[:, None] * (H * K) + o_k[None, :]
-        # k^T and G^T tiles [BK, BT] are read transposed through the offsets
-        o_xt = o_j[None, :] * (H * K) + o_k[:, None]
         b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
-        # off the diagonal, through the sub-chunk's first token n: exp(G_i - G_n) <= 1 for its rows i,
-        # exp(G_n - G_j) <= 1 for the earlier columns j; their product runs on tensor cores
-        b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
-        b_qg = b_q * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
-        b_kgt = tl.load(k_c + o_xt, mask=m_kj, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kj, other=0.), float("-inf")))
-        b_A += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-        # the diagonal BC x BC block entry by entry, one key token n + j at a time: exponents <= 0
         for j in range(BC):
             m_jk = m_k & (i_n + j < n_t)
             b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
@@ -173,12 +181,10 @@ def gla_fwd_A_kernel(
             m_a = m_rk & (o_c >= j)[:, None]
             b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
             b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
-    p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
-    # the dot's columns (earlier sub-chunks, zeros after the diagonal block), then the diagonal
-    # block: disjoint stores, so no ordering between the program's threads is needed
-    tl.store(p_A + o_j[None, :], b_A.to(A.dtype.element_ty),
-             mask=m_r[:, None] & ((o_j < i_n) | (o_j >= i_n + BC))[None, :])
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
+    # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
+    o_z = i_n + BC + tl.arange(0, BT)
+    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_r[:, None] & (o_z < BT)[None, :])
 
 
 @triton.jit
