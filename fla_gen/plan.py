@@ -42,6 +42,9 @@ ARCHS: dict[str, ArchInfo] = {
 
 ARCH_NAMES = tuple(ARCHS)
 DTYPES = ("fp16", "bf16", "fp32")
+# Tokens per sub-chunk ("BC" in KernelShape tiles) of the kernels that split a chunk further: the
+# per-channel decays exp(G_i - G_j) within one are built entry by entry.
+SUB_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class KernelShape:
     """What one kernel stages in shared memory per pipeline stage, in tiles of the plan.
 
     ``tiles``: operand tiles loaded each loop iteration, as pairs of tile dims drawn from
-    ``BT`` (chunk), ``BK``, ``BV``; ``resident``: tiles held for the whole program (e.g. the
-    intra-chunk [BT, BT] product staged for a second dot).
+    ``BT`` (chunk), ``BC`` (sub-chunk, SUB_CHUNK tokens), ``BK``, ``BV``; ``resident``: tiles held
+    for the whole program (e.g. the intra-chunk [BT, BT] product staged for a second dot).
     """
 
     stage: str
@@ -81,6 +84,11 @@ class KernelShape:
     pair_tiles: bool = False
     # (num_warps, block_v or 0, reason) for the bounded-gate plan (Algorithm.bounded_chunk_size), measured.
     bounded: tuple[int, int, str] | None = None
+    # One program per BC-token sub-chunk ("BC" in tiles): its dots have M = BC = 16 rows, so they run
+    # as mma.sync on every target (wgmma needs M >= 64).
+    sub_chunk: bool = False
+    # (widest K tile, reason): a measured cap where wider K tiles keep too many [BT, BK] fp32 tiles live.
+    max_block_k: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,10 @@ _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"
                                   ArchRule("sm100", 8, _WIDE_GRADS, (128, 256))))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False)
 
-# Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel fwd_o and bwd_dv stage whole-chunk [BT, BT]
-# products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages 88-128 KB, 1 stage ~24-40 KB.
-# The tile model below underestimates them, so the measured caps bound the stage search.
+# Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel bwd_dv (and the former fwd_o that built A
+# itself) stage whole-chunk [BT, BT] products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages
+# 88-128 KB, 1 stage ~24-40 KB. The tile model below underestimates them, so the measured caps bound the
+# stage search.
 _CHANNEL_STAGE_CAPS = (
     ArchRule("sm80", 2, "2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB"),
     ArchRule("sm86", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB", (64, 128)),
@@ -121,8 +130,24 @@ _CHANNEL_STAGE_CAPS = (
     ArchRule("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
     ArchRule("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
 )
-_CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
-                           max_stages=_CHANNEL_STAGE_CAPS, wide_v=tuple(ARCH_NAMES))
+# fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk, a [BC, BC] block of dots per other sub-chunk,
+# the diagonal block entry by entry. fwd_A loops over K tiles: q, G rows [BC, BK], k^T, G^T [BK, BC].
+_CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BC"), ("BK", "BC")), sub_chunk=True)
+# K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
+# k or q, G [BC, BK] per step: too short to pipeline.
+_CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
+                                 sub_chunk=True)
+# fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per
+# V tile (V tiles on the grid). One 128-wide V tile on wgmma targets (A, q and exp(G) read and computed
+# once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
+_CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV")),
+                           wide_v=("sm90", "sm100"))
+# bwd_dqkg: the inter-chunk dots do h^T, v dh^T in a V loop; the intra parts come from bwd_dqk_intra.
+_CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
+                            max_block_k=(32, "K in 32-wide tiles: at 64 the [BT, BK] fp32 tiles of the epilogue take "
+                                             "255 registers and spill 8-20 B on sm80/89/90 (4 warps; 8 warps still "
+                                             "need 244 on sm80/89); at 32, 136-168 and none (fla-gen aot, "
+                                             "head dim 128)"))
 
 # fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
 # tiles take 228 registers at 4 warps, 182 at 8. The entry-wise kernels' warps are measured (2026-11-23).
@@ -153,12 +178,11 @@ ALGORITHMS: dict[str, Algorithm] = {
                   (_CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_OUT, _CHUNK_DSTATE,
+                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHUNK_DSTATE,
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
-                   KernelShape("bwd_dqkg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
-                                            ("BK", "BV")), (("BT", "BT"),))),
+                   _CHANNEL_DQK_INTRA, _CHANNEL_DQKG),
                   chunked=True),
         # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
         # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
@@ -331,6 +355,11 @@ def _element_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
+def tile_dims(chunk_size: int, block_k: int, block_v: int) -> dict[str, int]:
+    """The values of the tile dims that KernelShape tiles name: BT, BC, BK, BV."""
+    return {"BT": chunk_size, "BC": min(SUB_CHUNK, chunk_size), "BK": block_k, "BV": block_v}
+
+
 def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: int) -> int:
     per_stage = sum(sizes[a] * sizes[b] for a, b in shape.tiles) * elem
     resident = sum(sizes[a] * sizes[b] for a, b in shape.resident) * elem
@@ -353,8 +382,17 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
+    sub_chunk = min(SUB_CHUNK, chunk_size)
+    if shape.sub_chunk:
+        warps_why = f"4 warps (the default, not measured: {sub_chunk}-row dots are mma.sync on every target)"
     if rule := _arch_rule(shape.warps, arch, head_dim):
         warps, warps_why = rule
+    if shape.sub_chunk and not shape.pipelined:
+        return LaunchConfig(block, block, warps, 1,
+                            f"one program per {sub_chunk}-token sub-chunk and {block}-wide K tile (K on the grid): "
+                            f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
+                            f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
+                            f"by entry; {warps_why}")
     if shape.pair_tiles and chunk_size > 16:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
@@ -378,7 +416,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     cap = _arch_rule(shape.max_stages, arch, head_dim)
     if shape.whole_k:
         bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
-        sizes = {"BT": chunk_size, "BK": head_dim, "BV": bv}
+        sizes = tile_dims(chunk_size, head_dim, bv)
         stages = _most_stages_that_fit(shape, sizes, elem, min(2, cap[0]) if cap else 2, budget)
         if not stages:
             raise PlanError(f"kernel {shape.stage} keeps whole-K tiles of {head_dim} ({dtype}) that do not fit "
@@ -393,13 +431,19 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     if arch.name in shape.wide_v and head_dim == 2 * block:
         # Not at head dim 256: a [64, 128] tile pair needs 272-305 KB at 2 stages there (fla-gen aot, sm90).
         tiles.insert(0, (block, head_dim))
+    if shape.max_block_k:
+        bk_cap, bk_why = shape.max_block_k
+        tiles = [(min(bk, bk_cap), bv) for bk, bv in tiles]
+        cap_why += f"; {bk_why}"
     for bk, bv in tiles:
-        sizes = {"BT": chunk_size, "BK": bk, "BV": bv}
+        sizes = tile_dims(chunk_size, bk, bv)
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
             used = _smem_bytes(shape, sizes, elem, stages)
-            wide = " (one V tile: the [BT, BT] product is reused without a V loop)" if bv > bk else ""
+            wide = " (one V tile: the [BT, BT] product serves all of V at once)" if bv > block else ""
+            what = (f"one program per {sub_chunk}-token sub-chunk, K in {bk}-wide tiles" if shape.sub_chunk
+                    else f"{bk}x{bv} tiles{wide}")
             return LaunchConfig(bk, bv, warps, stages,
-                                f"{bk}x{bv} tiles{wide}, {stages} stage(s): ~{used // 1024} KB of "
+                                f"{what}, {stages} stage(s): ~{used // 1024} KB of "
                                 f"{arch.smem_per_block // 1024} KB shared memory{cap_why}; {warps_why}")
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 

@@ -18,6 +18,7 @@ from fla_gen.plan import (
     plan_algorithm,
     plan_table,
     select_algorithms,
+    tile_dims,
 )
 
 SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
@@ -85,7 +86,7 @@ def test_plans_fit_every_arch():
                     assert cfg.reason, stage
                     assert cfg.num_warps in (4, 8)
                     shape = next(k for k in algo.kernels if k.stage == stage)
-                    sizes = {"BT": p.chunk_size, "BK": cfg.block_k, "BV": cfg.block_v}
+                    sizes = tile_dims(p.chunk_size, cfg.block_k, cfg.block_v)
                     elem = 4 if p.dtype == "fp32" else 2
                     assert _smem_bytes(shape, sizes, elem, cfg.num_stages) <= arch.smem_per_block
 

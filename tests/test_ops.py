@@ -6,6 +6,7 @@ the chunk size, K != V, H > 1; allocations are poisoned with NaN so unwritten el
 """
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -124,3 +125,38 @@ def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan()
     o_loose, _ = pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-6.0)
     o_default, _ = pkg.chunk_rwkv7(*x.values())
     assert torch.equal(o_loose, o_default)
+
+
+@pytest.mark.parametrize(("dtype", "B", "T", "K", "cu_seqlens"), [
+    (torch.float32, 1, 150, 100, [0, 0, 70, 70, 150]),  # two K tiles of 64 (K padded to 128), empty sequences
+    (torch.float16, 2, 90, 32, None),
+], ids=["fp32-varlen-K100", "fp16-dense"])
+def test_gla_strong_gates(dtype, B, T, K, cu_seqlens):
+    """chunk_gla with per-channel log gates from logsigmoid(N(0, 1)) / 4 down to x 40 (a 64-token chunk then
+    sums to ~ -2000, a 16-token sub-chunk to ~ -500): any exp factor taken against a reference token outside
+    [j, i] overflows to inf or NaN, and a wrongly masked exponent shows up against the float64 reference."""
+    H, V = 2, 40
+    pkg, rec = generated("gla"), recurrence("gla")
+    x = sample_inputs(rec, B, T, H, K, V, dtype, seed=11)
+    strength = torch.logspace(math.log10(0.25), math.log10(40.0), K)
+    x["g"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(12))) * strength
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    leaves = {**x, "initial_state": torch.randn(N, H, K, V)}
+    for t in leaves.values():
+        t.requires_grad_(True)
+    with poisoned_allocations():
+        o, ht = pkg.chunk_gla(*x.values(), initial_state=leaves["initial_state"], output_final_state=True,
+                              cu_seqlens=cu)
+        do, dht = torch.randn_like(o), torch.randn_like(ht)
+        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
+    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    ref_o, ref_ht = pkg.gla_reference(*[ref_leaves[n] for n in x], initial_state=ref_leaves["initial_state"],
+                                      output_final_state=True, cu_seqlens=cu)
+    ref_grads = torch.autograd.grad((ref_o * do.double()).sum() + (ref_ht * dht.double()).sum(),
+                                    list(ref_leaves.values()))
+    tol_fwd, tol_grad = TOLERANCE[dtype]
+    errors = {"o": relative_error(o, ref_o), "final_state": relative_error(ht, ref_ht)}
+    assert all(e <= tol_fwd for e in errors.values()), errors
+    errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
+    assert all(e <= tol_grad for e in errors.values()), errors

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """chunk_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_o_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqkg_kernel).
+Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel).
 """
 
 import torch
@@ -127,96 +127,102 @@ def gla_fwd_h_kernel(
 
 
 @triton.jit
-def gla_fwd_o_kernel(
-    q, k, v, G, h, o, A, cu_seqlens, chunk_indices, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+def gla_fwd_A_kernel(
+    q, k, G, A, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns
+    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    o_i = tl.arange(0, BT)
-    m_i = o_i < n_t
-    # first token of each token's BC-token sub-chunk
-    o_s = (o_i // BC) * BC
-    # scalar int64 bases of the chunk (row 0) in [B*T, H, K] and of its state in h
-    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
-    h_c = h + (i_hc * H + i_h) * K * V
-
+    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_n = i_i * BC
+    if i_n >= n_t:
+        return
     o_c = tl.arange(0, BC)
-    p_A = A + (t0 * H + i_h) * BT
-    # A = scale * intra-chunk q k^T with decays, built in global memory (it is an output for the
-    # backward) one BC-wide column block at a time, then read back whole for the dot with v.
-    # Off the diagonal: rows after block c x its columns, through r = the last token of block c:
-    # the rows get exp(G_i - G_r) <= 1, the columns exp(G_r - G_j) <= 1, on tensor cores.
-    for i_c in range(BT // BC):
-        o_j = i_c * BC + o_c
-        m_j = o_j < n_t
-        m_r = m_i & (o_i >= i_c * BC + BC)
-        i_r = tl.minimum(i_c * BC + BC, n_t) - 1
-        b_Ab = tl.zeros([BT, BC], dtype=tl.float32)
+    o_r = i_n + o_c
+    m_r = o_r < n_t
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
+    # off the diagonal, one earlier sub-chunk c at a time (all valid tokens: they precede a valid
+    # row), through this sub-chunk's first token n: exp(G_i - G_n) <= 1 for its rows i,
+    # exp(G_n - G_j) <= 1 for the columns j of c; their product runs on tensor cores
+    for i_c in range(0, i_i):
+        o_b = i_c * BC + o_c
+        b_Ab = tl.zeros([BC, BC], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_rk = m_r[:, None] & m_k[None, :]
-            m_kj = m_k[:, None] & m_j[None, :]
-            o_x = o_i[:, None] * (H * K) + o_k[None, :]
-            o_xjt = o_j[None, :] * (H * K) + o_k[:, None]
-            b_gr = tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)
-            b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
-            b_gt = tl.load(g_c + o_xjt, mask=m_kj, other=0.)
+            o_x = o_r[:, None] * (H * K) + o_k[None, :]
+            # k^T and G^T tiles [BK, BC] of block c, read transposed through the offsets
+            o_xt = o_b[None, :] * (H * K) + o_k[:, None]
+            b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
             b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
-                (scale * tl.exp(tl.where(m_rk, b_g - b_gr[None, :], float("-inf"))))
-            b_kgt = tl.load(k_c + o_xjt, mask=m_kj, other=0.).to(tl.float32) * \
-                tl.exp(tl.where(m_kj, b_gr[:, None] - b_gt, float("-inf")))
+                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gn[None, :],
+                                         float("-inf"))))
+            b_kgt = tl.load(k_c + o_xt, mask=m_k[:, None], other=0.).to(tl.float32) * \
+                tl.exp(b_gn[:, None] - tl.load(g_c + o_xt, mask=m_k[:, None], other=0.))
             b_Ab += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-        # rows up to block c get zeros (above the diagonal); its own rows, the diagonal block, below
-        tl.store(p_A + o_i[:, None] * (H * BT) + o_j[None, :], b_Ab.to(A.dtype.element_ty),
-                 mask=(m_i & (o_i // BC != i_c))[:, None])
-    # diagonal blocks element by element, compacted: b_Ac[i, c] = A[i, s(i) + c], exponents <= 0
-    b_Ac = tl.zeros([BT, BC], dtype=tl.float32)
+        tl.store(p_A + o_b[None, :], b_Ab.to(A.dtype.element_ty), mask=m_r[:, None])
+    # the diagonal BC x BC block entry by entry, one key token n + j at a time: exponents <= 0
+    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
+        m_rk = m_r[:, None] & m_k[None, :]
+        o_x = o_r[:, None] * (H * K) + o_k[None, :]
+        b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
+        b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+        for j in range(BC):
+            m_jk = m_k & (i_n + j < n_t)
+            b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+            b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
+            m_a = m_rk & (o_c >= j)[:, None]
+            b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
+            b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
+    tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
+    # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
+    o_z = i_n + BC + tl.arange(0, BT)
+    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_r[:, None] & (o_z < BT)[None, :])
+
+
+@triton.jit
+def gla_fwd_o_kernel(
+    q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # o = scale * (q exp(G)) h + A v for one V tile of one chunk: dots only, with G <= 0
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_i = o_i < n_t
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_iv = m_i[:, None] & m_v[None, :]
+    q_c, g_c = q + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    h_c = h + (i_hc * H + i_h) * K * V
+    p_y = (t0 * H + i_h) * V
+    o_y = o_i[:, None] * (H * V) + o_v[None, :]
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    # unrolled, so that every dot accumulating into b_o sits in one region and Triton gives them one
+    # MMA layout (no MMA -> MMA conversion off Ampere)
+    for k0 in tl.static_range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
         m_ik = m_i[:, None] & m_k[None, :]
         o_x = o_i[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * scale
-        b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
-        for i_j in range(BC):
-            # column j = s(i) + i_j of every row i, for the rows with j <= i
-            o_j = o_s + i_j
-            m_a = m_ik & (o_j <= o_i)[:, None]
-            o_xj = o_j[:, None] * (H * K) + o_k[None, :]
-            b_kj = tl.load(k_c + o_xj, mask=m_a, other=0.).to(tl.float32)
-            b_gj = tl.load(g_c + o_xj, mask=m_a, other=0.)
-            b_a = tl.sum(b_q * b_kj * tl.exp(tl.where(m_a, b_g - b_gj, float("-inf"))), axis=1)
-            b_Ac += tl.where(o_c[None, :] == i_j, b_a[:, None], 0.)
-    tl.store(p_A + o_i[:, None] * (H * BT) + o_s[:, None] + o_c[None, :], b_Ac.to(A.dtype.element_ty),
-             mask=m_i[:, None])
-    # make this program's writes of A visible to all its threads before reading A back
-    tl.debug_barrier()
-    b_A = tl.load(p_A + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.).to(v.dtype.element_ty)
-
-    # o = A v + scale * (q exp(G)) h, with G <= 0, one V block after another
-    p_y = (t0 * H + i_h) * V
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_iv = m_i[:, None] & m_v[None, :]
-        o_y = o_i[:, None] * (H * V) + o_v[None, :]
-        b_o = tl.dot(b_A, tl.load(v + p_y + o_y, mask=m_iv, other=0.), input_precision=DOT_PRECISION)
-        # unrolled, so that every dot accumulating into b_o sits in one loop body and Triton gives
-        # them one MMA layout (no MMA -> MMA conversion off Ampere)
-        for k0 in tl.static_range(0, K, BK):
-            o_k = k0 + tl.arange(0, BK)
-            m_k = o_k < K
-            m_ik = m_i[:, None] & m_k[None, :]
-            o_x = o_i[:, None] * (H * K) + o_k[None, :]
-            b_qg = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * \
-                (scale * tl.exp(tl.load(g_c + o_x, mask=m_ik, other=0.)))
-            b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-            b_o += tl.dot(b_qg.to(b_h.dtype), b_h, input_precision=DOT_PRECISION)
-        tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
+        b_qg = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * \
+            (scale * tl.exp(tl.load(g_c + o_x, mask=m_ik, other=0.)))
+        b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_o += tl.dot(b_qg.to(b_h.dtype), b_h, input_precision=DOT_PRECISION)
+    # fwd_A wrote every column of the valid rows (zeros above the diagonal)
+    b_A = tl.load(A + (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.)
+    b_o += tl.dot(b_A.to(v.dtype.element_ty), tl.load(v + p_y + o_y, mask=m_iv, other=0.),
+                  input_precision=DOT_PRECISION)
+    tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
 
 
 @triton.jit
@@ -308,30 +314,107 @@ def gla_bwd_dv_kernel(
 
 
 @triton.jit
+def gla_bwd_dqk_intra_kernel(
+    q, k, G, dA, dq, dk, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of
+    # its tokens, from dA, in fp32
+    i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_n = i_i * BC
+    if i_n >= n_t:
+        return
+    o_c = tl.arange(0, BC)
+    o_r = i_n + o_c
+    m_r = o_r < n_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_rk = m_r[:, None] & m_k[None, :]
+    o_x = o_r[:, None] * (H * K) + o_k[None, :]
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    dA_c = dA + (t0 * H + i_h) * BT
+    b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+
+    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens),
+    # through this one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j))
+    # over the earlier sub-chunks c, every exponent <= 0
+    b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(0, i_i):
+        o_b = i_c * BC + o_c
+        o_xb = o_b[:, None] * (H * K) + o_k[None, :]
+        b_kg = tl.load(k_c + o_xb, mask=m_k[None, :], other=0.).to(tl.float32) * \
+            tl.exp(b_gn[None, :] - tl.load(g_c + o_xb, mask=m_k[None, :], other=0.))
+        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None], other=0.)
+        b_dq += tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dq = b_dq * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+
+    # dk_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks, through this one's last
+    # valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
+    i_m = tl.minimum(i_n + BC, n_t) - 1
+    b_gm = tl.load(g_c + i_m * (H * K) + o_k, mask=m_k, other=0.)
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(i_i + 1, tl.cdiv(n_t, BC)):
+        o_a = i_c * BC + o_c
+        m_a = o_a < n_t
+        m_ak = m_a[:, None] & m_k[None, :]
+        o_xa = o_a[:, None] * (H * K) + o_k[None, :]
+        b_qg = tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        # dA^T [BC, BC], read transposed through the offsets
+        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None], mask=m_r[:, None] & m_a[None, :], other=0.)
+        b_dk += tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dk = b_dk * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
+
+    # the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
+    # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
+    # dk_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
+    for j in range(BC):
+        i_j = i_n + j
+        m_jk = m_k & (i_j < n_t)
+        b_kj = tl.load(k_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+        b_qj = tl.load(q_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+        b_gj = tl.load(g_c + i_j * (H * K) + o_k, mask=m_jk, other=0.)
+        m_lo = (o_c >= j)[:, None]
+        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_r & (o_c >= j), other=0.)
+        b_ak = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_r & (o_c <= j) & (i_j < n_t), other=0.)
+        # one exp serves both: rows i >= n + j take exp(G_i - G_{n+j}) (dq), rows i <= n + j
+        # exp(G_{n+j} - G_i) (dk), the two meet at 1 on i = n + j
+        b_d = b_g - b_gj[None, :]
+        b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        b_dq += tl.where(m_lo, b_aq[:, None] * b_kj[None, :] * b_e, 0.)
+        b_dk += tl.where(o_c[:, None] <= j, b_ak[:, None] * b_qj[None, :] * b_e, 0.)
+    tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq, mask=m_rk)
+    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dk, mask=m_rk)
+
+
+@triton.jit
 def gla_bwd_dqkg_kernel(
-    q, k, v, G, h, do, dh, dA, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    q, k, v, G, h, do, dh, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
 
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # one program per (K tile, chunk): the inter-chunk parts of dq and dk (dots with h and dh), plus
+    # the intra-chunk parts from bwd_dqk_intra, then dg by a reverse cumsum over the chunk
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
-    o_s = (o_i // BC) * BC
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_ik = m_i[:, None] & m_k[None, :]
+    p_x = (t0 * H + i_h) * K
     o_x = o_i[:, None] * (H * K) + o_k[None, :]
-    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     p_y = (t0 * H + i_h) * V
-    dA_c = dA + (t0 * H + i_h) * BT
     h_c = h + (i_hc * H + i_h) * K * V
     dh_c = dh + (i_hc * H + i_h) * K * V
-    b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
-    b_gl = tl.load(g_c + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
 
     # inter-chunk terms: do h^T, v dh^T, and rowsum(h * dh) for the gradient of G_L
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
@@ -352,74 +435,26 @@ def gla_bwd_dqkg_kernel(
         b_dq += tl.dot(b_do, b_ht, input_precision=DOT_PRECISION)
         b_dk += tl.dot(b_v, b_dht, input_precision=DOT_PRECISION)
         b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-    b_dq = b_dq * (scale * tl.exp(tl.where(m_ik, b_g, float("-inf"))))
+    # the [BT, BK] tiles are read after the loop, one product at a time, to keep few of them live
+    b_g = tl.load(G + p_x + o_x, mask=m_ik, other=0.)
+    b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
+    b_dq = b_dq * (scale * tl.exp(tl.where(m_ik, b_g, float("-inf")))) + \
+        tl.load(dq_intra + p_x + o_x, mask=m_ik, other=0.)
+    tl.store(dq + p_x + o_x, b_dq.to(dq.dtype.element_ty), mask=m_ik)
+    # dL/dG_i = q_i dq_i - k_i dk_i (+ b_dgl at the last token)
+    b_dG = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * b_dq
     b_dk = b_dk * tl.exp(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
-    b_k = tl.load(k_c + o_x, mask=m_ik, other=0.)
+    b_k = tl.load(k + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
     # d<D, h'>/dG_L = exp(G_L) rowsum(h * D) + sum_j k_j dk^inter_j
-    b_dgl = tl.exp(b_gl) * b_hdh + tl.sum(b_k.to(tl.float32) * b_dk, axis=0)
-
-    # intra-chunk, off-diagonal sub-blocks through reference tokens (all exponents <= 0)
-    o_c = tl.arange(0, BC)
-    for i_c in range(BT // BC - 1):
-        # dq of the rows after block c from its columns j, through r = its last token:
-        # exp(G_i - G_r) (dA[:, block c] @ (k_j exp(G_r - G_j)))
-        o_j = i_c * BC + o_c
-        m_jk = (o_j < n_t)[:, None] & m_k[None, :]
-        o_xj = o_j[:, None] * (H * K) + o_k[None, :]
-        i_r = tl.minimum(i_c * BC + BC, n_t) - 1
-        b_gr = tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)
-        b_gj = tl.load(g_c + o_xj, mask=m_jk, other=0.)
-        b_kg = tl.load(k_c + o_xj, mask=m_jk, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_jk, b_gr[None, :] - b_gj, float("-inf")))
-        b_dAc = tl.load(dA_c + o_i[:, None] * (H * BT) + o_j[None, :], mask=m_i[:, None], other=0.)
-        b_dqc = tl.dot(b_dAc.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-        b_dq += b_dqc * tl.exp(tl.where(m_ik & (o_i >= i_c * BC + BC)[:, None], b_g - b_gr[None, :], float("-inf")))
-        # dk of the rows before block c + 1 from its rows i, through f = its first token:
-        # exp(G_f - G_j) (dA[block c + 1, :]^T @ (q_i exp(G_i - G_f)))
-        o_f = o_j + BC
-        m_f = o_f < n_t
-        m_fk = m_f[:, None] & m_k[None, :]
-        o_xf = o_f[:, None] * (H * K) + o_k[None, :]
-        i_f = tl.minimum(i_c * BC + BC, n_t - 1)
-        b_gf = tl.load(g_c + i_f * (H * K) + o_k, mask=m_k, other=0.)
-        b_gi = tl.load(g_c + o_xf, mask=m_fk, other=0.)
-        b_qg = tl.load(q_c + o_xf, mask=m_fk, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_fk, b_gi - b_gf[None, :], float("-inf")))
-        b_dAct = tl.load(dA_c + o_f[None, :] * (H * BT) + o_i[:, None], mask=m_f[None, :], other=0.)
-        b_dkc = tl.dot(b_dAct.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-        b_dk += b_dkc * tl.exp(tl.where(m_ik & (o_i < i_c * BC + BC)[:, None], b_gf[None, :] - b_g, float("-inf")))
-
-    # intra-chunk, diagonal sub-blocks, entry by entry, for row r and j = s(r) + i_j:
-    # dq_r += dA[r, j] k_j exp(G_r - G_j) if j <= r
-    for i_j in range(BC):
-        o_j = o_s + i_j
-        m_q = m_i & (o_j <= o_i)
-        m_qk = m_q[:, None] & m_k[None, :]
-        o_xj = o_j[:, None] * (H * K) + o_k[None, :]
-        b_aq = tl.load(dA_c + o_i * (H * BT) + o_j, mask=m_q, other=0.)
-        b_kj = tl.load(k_c + o_xj, mask=m_qk, other=0.).to(tl.float32)
-        b_gj = tl.load(g_c + o_xj, mask=m_qk, other=0.)
-        b_dq += b_aq[:, None] * b_kj * tl.exp(tl.where(m_qk, b_g - b_gj, float("-inf")))
-    # dk_r += dA[j, r] q_j exp(G_j - G_r) if j >= r
-    for i_j in range(BC):
-        o_j = o_s + i_j
-        m_r = (o_j < n_t) & (o_j >= o_i)
-        m_rk = m_r[:, None] & m_k[None, :]
-        o_xj = o_j[:, None] * (H * K) + o_k[None, :]
-        b_ak = tl.load(dA_c + o_j * (H * BT) + o_i, mask=m_r, other=0.)
-        b_qj = tl.load(q_c + o_xj, mask=m_rk, other=0.).to(tl.float32)
-        b_gj = tl.load(g_c + o_xj, mask=m_rk, other=0.)
-        b_dk += b_ak[:, None] * b_qj * tl.exp(tl.where(m_rk, b_gj - b_g, float("-inf")))
-    tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq.to(dq.dtype.element_ty), mask=m_ik)
-    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dk.to(dk.dtype.element_ty), mask=m_ik)
-
-    # dL/dG_i = q_i dq_i - k_i dk_i (+ b_dgl at the last token); the gate of token t enters every
-    # G_i with i >= t of its chunk, hence the reverse cumsum (b_dgl reaches every token)
-    b_dG = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * b_dq - \
-        tl.load(k_c + o_x, mask=m_ik, other=0.).to(tl.float32) * b_dk
+    b_dgl = tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0)
+    b_dk += tl.load(dk_intra + p_x + o_x, mask=m_ik, other=0.)
+    tl.store(dk + p_x + o_x, b_dk.to(dk.dtype.element_ty), mask=m_ik)
+    b_dG -= b_k * b_dk
+    # the gate of token t enters every G_i with i >= t of its chunk, hence the reverse cumsum
+    # (b_dgl reaches every token)
     b_dg = tl.where(m_ik, tl.cumsum(b_dG, axis=0, reverse=True) + b_dgl[None, :], 0.)
     if USE_G:
-        tl.store(dg + (t0 * H + i_h) * K + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
+        tl.store(dg + p_x + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
 
 
 
@@ -480,7 +515,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B == 1), or None.
         chunk_indices: [NT, 2] int32, chunk_offsets [N + 1] int32 from prepare_chunk_indices at
             plan.chunk_size, or None.
-        plan: the Plan; stages cumsum, fwd_h, fwd_o.
+        plan: the Plan; stages cumsum, fwd_h, fwd_A, fwd_o.
 
     Returns:
         o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A)
@@ -492,15 +527,24 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     BT = plan.chunk_size
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
     h, ht = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    is_varlen = cu_seqlens is not None
+    dot_precision = launch.dot_precision(q.dtype)
+    BC = min(16, BT)
+    cfg = plan.config("fwd_A")
+    A = q.new_empty(B, T, H, BT)
+    gla_fwd_A_kernel[(triton.cdiv(BT, BC), NT, B * H)](
+        q, k, G, A, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
-    A = q.new_empty(B, T, H, BT)
-    grid = (launch.num_chunks(T, BT, chunk_indices), B * H)
-    gla_fwd_o_kernel[grid](
-        q, k, v, G, h, o, A, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, V=V, BT=BT, BC=min(16, BT), BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    gla_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, ht, (G, A)
 
@@ -512,7 +556,8 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
         q, k, v, g, scale, initial_state, cu_seqlens, chunk_indices, chunk_offsets: as in chunk_fwd.
         saved: (G, A) from chunk_fwd.
         do: [B, T, H, V] gradient of o; dht: [N, H, K, V] gradient of the final state, or None.
-        plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqkg.
+        plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqk_intra,
+            bwd_dqkg.
 
     Returns:
         dq, dk [B, T, H, K] and dv [B, T, H, V] in the inputs' dtype; dg [B, T, H, K] in g's dtype
@@ -551,6 +596,18 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
+    BC = min(16, BT)
+    cfg = plan.config("bwd_dqk_intra")
+    BK = _tile(cfg.block_k, K)
+    # the intra-chunk parts of dq and dk, fp32, finished by bwd_dqkg
+    dq_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    dk_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    gla_bwd_dqk_intra_kernel[(triton.cdiv(K, BK) * triton.cdiv(BT, BC), NT, B * H)](
+        q, k, G, dA, dq_intra, dk_intra, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BC=BC, BK=BK, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
     cfg = plan.config("bwd_dqkg")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     NK = triton.cdiv(K, BK)
@@ -559,8 +616,8 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     dg = torch.empty_like(g) if g is not None else None
 
     gla_bwd_dqkg_kernel[(NK, NT, B * H)](
-        q, k, v, G, h, do, dh, dA, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, V=V, BT=BT, BC=min(16, BT), BK=BK, BV=BV, USE_G=g is not None,
+        q, k, v, G, h, do, dh, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_G=g is not None,
 
         IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
