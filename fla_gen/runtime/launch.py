@@ -29,10 +29,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-# fp32 values per program of the per-row transform kernels, 8 per thread and live tile (256 threads):
-# the backward of rope + l2norm at D = 128 then needs about 125 registers on sm90 (no spill), against
-# 243 at 16 per thread (one 8-warp program per SM), by `fla-gen aot`.
-ROW_TILE_ELEMENTS = 2048
+# fp32 values per program of the per-row transform kernels, 8 per thread and live tile: at 16 per thread
+# the backward of rope + l2norm at D = 128 needs 243 registers on sm90, at 8 about 125 (`fla-gen aot`).
+# 1024 (8 rows of 128, 4 warps) measured fastest on the H100 (benchmarks/sweep_transform_tile.py,
+# 4x4096x16x128 bf16, 2026-11-23): forward 0.201 ms (1347 GB/s) against 0.227 at 2048 (16 rows, 8 warps),
+# 0.266-1.49 ms at 16-64 rows with 2-4 warps; backward 0.506 vs 0.523 ms.
+ROW_TILE_ELEMENTS = 1024
 ROW_TILE_PER_THREAD = 8
 
 
