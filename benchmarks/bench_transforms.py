@@ -32,7 +32,7 @@ from fla_gen.cli import load_recurrence  # noqa: E402
 from fla_gen.runtime.rotary import rope_positions, rope_reference  # noqa: E402
 from fla_gen.runtime.validate import CallShape  # noqa: E402
 from fla_gen.sample import relative_error, sample_inputs  # noqa: E402
-from fla_gen.verify import TOLERANCE  # noqa: E402
+from fla_gen.verify import TOLERANCE, compare_with_reference  # noqa: E402
 
 OP = "gated_delta_rule_rope"
 
@@ -80,17 +80,9 @@ def main() -> int:
 
     # bf16 correctness of the fused op on a slice, against the float64 reference.
     x = sample_inputs(rec, 1, args.check_T, H, D, D, dtype, args.device, seed=0)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-    o, ht = fused(*leaves.values(), output_final_state=True)
-    do, dht = torch.randn_like(o), torch.randn_like(ht)
-    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
-    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
-    ro, rht = getattr(fused_pkg, f"{OP}_reference")(*ref.values(), output_final_state=True)
-    rgrads = torch.autograd.grad((ro * do.double()).sum() + (rht * dht.double()).sum(), list(ref.values()))
-    errors = {"o": relative_error(o, ro), "final_state": relative_error(ht, rht)}
-    errors.update({f"d{n}": relative_error(a, b) for n, a, b in zip(x, grads, rgrads, strict=True)})
-    tol_fwd, tol_grad = TOLERANCE[dtype]
-    failures = {k: e for k, e in errors.items() if not e <= (tol_fwd if k in ("o", "final_state") else tol_grad)}
+    check = compare_with_reference(fused, getattr(fused_pkg, f"{OP}_reference"), x, dtype, name=f"chunk_{OP}")
+    errors, failures = dict(check.errors), check.failures()
+    tol_fwd = TOLERANCE[dtype][0]
 
     # Timing at full size.
     x = sample_inputs(rec, B, T, H, D, D, dtype, args.device, seed=1)

@@ -37,52 +37,70 @@ class CaseResult:
                 if not e <= (tol_fwd if k in ("o", "final_state") else tol_grad)}
 
 
+def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: torch.dtype, *, name: str,
+                           guard=contextlib.nullcontext, ref_dtype: torch.dtype = torch.float64,
+                           op_kwargs: dict | None = None, **kwargs) -> CaseResult:
+    """Run ``fn`` forward and backward on ``inputs`` and ``ref_fn`` on the same values in ``ref_dtype``.
+
+    Args:
+        inputs: the op's positional inputs in order ([B, T, H, K] per token, [H] per head), and
+            ``initial_state`` [N, H, K, V] if given; every one is a leaf whose gradient is compared.
+        dtype: the dtype the op's output must have (the final state must be float32).
+        guard: a context manager wrapped around the op's forward and backward (tests poison
+            allocations with NaN through it).
+        op_kwargs: arguments for ``fn`` only (e.g. ``gate_lower_bound``); ``kwargs`` go to both
+            (``cu_seqlens``, ``seqlen_offsets``).
+
+    Returns:
+        CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``.
+    """
+    leaves = {n: t.detach().requires_grad_(True) for n, t in inputs.items()}
+    state = {"initial_state": leaves["initial_state"]} if "initial_state" in leaves else {}
+    positional = [t for n, t in leaves.items() if n != "initial_state"]
+    start = time.perf_counter()
+    with guard():
+        o, ht = fn(*positional, **state, output_final_state=True, **kwargs, **(op_kwargs or {}))
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    with guard():
+        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
+    if o.is_cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+
+    ref_leaves = {n: t.detach().to(ref_dtype).requires_grad_(True) for n, t in leaves.items()}
+    ref_state = {"initial_state": ref_leaves["initial_state"]} if state else {}
+    ref_o, ref_ht = ref_fn(*[t for n, t in ref_leaves.items() if n != "initial_state"], **ref_state,
+                           output_final_state=True, **kwargs)
+    ref_grads = torch.autograd.grad((ref_o * do.to(ref_dtype)).sum() + (ref_ht * dht.to(ref_dtype)).sum(),
+                                    list(ref_leaves.values()))
+    if o.dtype != dtype or ht.dtype != torch.float32:
+        raise AssertionError(f"{name}: o is {o.dtype} (expected {dtype}), final_state is {ht.dtype}")
+    errors = {"o": relative_error(o, ref_o), "final_state": relative_error(ht, ref_ht)}
+    errors.update({f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)})
+    return CaseResult(name, dtype, errors, seconds)
+
+
 def verify_op(pkg: ModuleType, rec: Recurrence, mode: str, dtype: torch.dtype, *, B: int, T: int, H: int,
               K: int, V: int, device: str = "cpu", cu_seqlens: list[int] | None = None, with_h0: bool = True,
               ref_dtype: torch.dtype = torch.float64,
               guard=contextlib.nullcontext) -> CaseResult:
-    """Call ``<mode>_<op>`` on fresh random inputs, then its reference in ``ref_dtype``.
+    """Call ``<mode>_<op>`` on fresh random inputs, then its reference in ``ref_dtype``
+    (compare_with_reference).
 
     Args:
         pkg: the generated package (``generated.<op>``).
         mode: ``chunk`` or ``fused_recurrent``.
-        guard: a context manager wrapped around the op's forward and backward (tests poison
-            allocations with NaN through it).
+        guard: as compare_with_reference.
 
     Returns:
         CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``.
     """
     op = rec.spec.op
-    fn = getattr(pkg, f"{mode}_{op}")
-    ref_fn = getattr(pkg, f"{op}_reference")
     x = sample_inputs(rec, B, T, H, K, V, dtype, device)
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    leaves = dict(x)
+    inputs = {i.name: x[i.name] for i in rec.spec.inputs}
     if with_h0:
-        leaves["initial_state"] = torch.randn(N, H, K, V, device=device)
-    for t in leaves.values():
-        t.requires_grad_(True)
+        N = B if cu_seqlens is None else len(cu_seqlens) - 1
+        inputs["initial_state"] = torch.randn(N, H, K, V, device=device)
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
-    names = [i.name for i in rec.spec.inputs]
-
-    start = time.perf_counter()
-    with guard():
-        o, ht = fn(*[x[n] for n in names], initial_state=leaves.get("initial_state"), output_final_state=True,
-                   cu_seqlens=cu)
-    do, dht = torch.randn_like(o), torch.randn_like(ht)
-    with guard():
-        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
-    if device != "cpu":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-
-    ref_leaves = {k: v.detach().to(ref_dtype).requires_grad_(True) for k, v in leaves.items()}
-    ref_o, ref_ht = ref_fn(*[ref_leaves[n] for n in names], initial_state=ref_leaves.get("initial_state"),
-                           output_final_state=True, cu_seqlens=cu)
-    ref_grads = torch.autograd.grad((ref_o * do.to(ref_dtype)).sum() + (ref_ht * dht.to(ref_dtype)).sum(),
-                                    list(ref_leaves.values()))
-    if o.dtype != dtype or ht.dtype != torch.float32:
-        raise AssertionError(f"{mode}_{op}: o is {o.dtype} (expected {dtype}), final_state is {ht.dtype}")
-    errors = {"o": relative_error(o, ref_o), "final_state": relative_error(ht, ref_ht)}
-    errors.update({f"d{k}": relative_error(g, r) for k, g, r in zip(leaves, grads, ref_grads, strict=True)})
-    return CaseResult(f"{mode}_{op}", dtype, errors, seconds)
+    return compare_with_reference(getattr(pkg, f"{mode}_{op}"), getattr(pkg, f"{op}_reference"), inputs, dtype,
+                                  name=f"{mode}_{op}", guard=guard, ref_dtype=ref_dtype, cu_seqlens=cu)

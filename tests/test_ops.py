@@ -5,6 +5,7 @@ relative norm error, on fresh random inputs with realistic gates; T is not a mul
 the chunk size, K != V, H > 1; allocations are poisoned with NaN so unwritten elements fail.
 """
 
+import contextlib
 import importlib
 import math
 
@@ -14,8 +15,8 @@ import torch.nn.functional as F
 
 from fla_gen.plan import ALGORITHMS
 from fla_gen.runtime.dispatch import forced_arch
-from fla_gen.sample import relative_error, sample_inputs
-from fla_gen.verify import TOLERANCE, verify_op
+from fla_gen.sample import sample_inputs
+from fla_gen.verify import compare_with_reference, verify_op
 from tests.support import generated, poisoned_allocations, recurrence
 
 OPS = ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dplr", "rwkv7"]
@@ -54,26 +55,12 @@ def test_rwkv7_parameterisation(mode, dtype):
     kh = F.normalize(rn(B, T, H, K), dim=-1)
     x = {"r": rn(B, T, H, K).to(dtype), "w": -F.softplus(3 * rn(B, T, H, K)) - 0.5, "k": rn(B, T, H, K).to(dtype),
          "v": rn(B, T, H, V).to(dtype), "a": (-kh).to(dtype), "b": (kh * torch.sigmoid(rn(B, T, H, 1))).to(dtype)}
-    h0 = rn(3, H, K, V)
     cu = torch.tensor([0, 20, 21, T], dtype=torch.int32)
-    leaves = {**x, "initial_state": h0}
-    for t in leaves.values():
-        t.requires_grad_(True)
-    fn = getattr(generated("rwkv7"), f"{mode}_rwkv7")
-    with poisoned_allocations():
-        o, ht = fn(*x.values(), initial_state=h0, output_final_state=True, cu_seqlens=cu)
-        do, dht = torch.randn_like(o), torch.randn_like(ht)
-        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
-    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
-    ref_o, ref_ht = generated("rwkv7").rwkv7_reference(*[ref_leaves[n] for n in x], initial_state=ref_leaves[
-        "initial_state"], output_final_state=True, cu_seqlens=cu)
-    ref_grads = torch.autograd.grad((ref_o * do.double()).sum() + (ref_ht * dht.double()).sum(),
-                                    list(ref_leaves.values()))
-    tol_fwd, tol_grad = TOLERANCE[dtype]
-    errors = {"o": relative_error(o, ref_o), "final_state": relative_error(ht, ref_ht)}
-    assert all(e <= tol_fwd for e in errors.values()), errors
-    errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
-    assert all(e <= tol_grad for e in errors.values()), errors
+    pkg = generated("rwkv7")
+    result = compare_with_reference(getattr(pkg, f"{mode}_rwkv7"), pkg.rwkv7_reference,
+                                    {**x, "initial_state": rn(3, H, K, V)}, dtype, name=f"{mode}_rwkv7",
+                                    guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -88,27 +75,19 @@ def test_gate_lower_bound_uses_the_bounded_plan(dtype, monkeypatch):
     B, T, H, K, V = 2, 150, 2, 32, 24
     x = sample_inputs(recurrence("rwkv7"), B, T, H, K, V, dtype, seed=3)
     x["w"] = -0.6065 * torch.sigmoid(torch.randn(B, T, H, K))  # RWKV-7's decay: w in (-e^-0.5, 0)
+
+    @contextlib.contextmanager
+    def on_sm90():  # sm90's plans (the interpreter runs any arch's): its bounded table has fp32 rows at this head dim
+        with poisoned_allocations(), forced_arch("sm90"):
+            yield
+
     h0 = torch.randn(B, H, K, V)
-    leaves = {**x, "initial_state": h0}
-    for t in leaves.values():
-        t.requires_grad_(True)
-    # sm90's plans (the interpreter runs any arch's): its bounded table has fp32 rows at this head dim
-    with poisoned_allocations(), forced_arch("sm90"):
-        o, ht = pkg.chunk_rwkv7(*x.values(), initial_state=h0, output_final_state=True, gate_lower_bound=-0.6065)
-        do, dht = torch.randn_like(o), torch.randn_like(ht)
-        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
+    result = compare_with_reference(pkg.chunk_rwkv7, pkg.rwkv7_reference, {**x, "initial_state": h0}, dtype,
+                                    name="chunk_rwkv7", guard=on_sm90, op_kwargs={"gate_lower_bound": -0.6065})
     # the forward and the backward op each select the plan
     assert [p.chunk_size for p in chosen] == [ALGORITHMS["chunk_dplr"].bounded_chunk_size] * 2 == [32, 32]
     assert all(p.gate_bound is not None for p in chosen)
-    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
-    ref_o, ref_ht = pkg.rwkv7_reference(*[ref_leaves[n] for n in x], initial_state=ref_leaves["initial_state"],
-                                        output_final_state=True)
-    ref_grads = torch.autograd.grad((ref_o * do.double()).sum() + (ref_ht * dht.double()).sum(),
-                                    list(ref_leaves.values()))
-    tol_fwd, tol_grad = TOLERANCE[dtype]
-    assert relative_error(o, ref_o) <= tol_fwd and relative_error(ht, ref_ht) <= tol_fwd
-    errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
-    assert all(e <= tol_grad for e in errors.values()), errors
+    assert not result.failures(), result.errors
 
 
 def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan():
@@ -142,21 +121,6 @@ def test_gla_strong_gates(dtype, B, T, K, cu_seqlens):
     x["g"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(12))) * strength
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    leaves = {**x, "initial_state": torch.randn(N, H, K, V)}
-    for t in leaves.values():
-        t.requires_grad_(True)
-    with poisoned_allocations():
-        o, ht = pkg.chunk_gla(*x.values(), initial_state=leaves["initial_state"], output_final_state=True,
-                              cu_seqlens=cu)
-        do, dht = torch.randn_like(o), torch.randn_like(ht)
-        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
-    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
-    ref_o, ref_ht = pkg.gla_reference(*[ref_leaves[n] for n in x], initial_state=ref_leaves["initial_state"],
-                                      output_final_state=True, cu_seqlens=cu)
-    ref_grads = torch.autograd.grad((ref_o * do.double()).sum() + (ref_ht * dht.double()).sum(),
-                                    list(ref_leaves.values()))
-    tol_fwd, tol_grad = TOLERANCE[dtype]
-    errors = {"o": relative_error(o, ref_o), "final_state": relative_error(ht, ref_ht)}
-    assert all(e <= tol_fwd for e in errors.values()), errors
-    errors = {f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, ref_grads, strict=True)}
-    assert all(e <= tol_grad for e in errors.values()), errors
+    result = compare_with_reference(pkg.chunk_gla, pkg.gla_reference, {**x, "initial_state": torch.randn(N, H, K, V)},
+                                    dtype, name="chunk_gla", guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors

@@ -25,34 +25,19 @@ from fla_gen.parse import parse_spec
 from fla_gen.runtime.launch import row_tile
 from fla_gen.runtime.rotary import rope_reference, rotary_embedding, rotary_tables
 from fla_gen.sample import relative_error, sample_inputs
-from fla_gen.verify import TOLERANCE, verify_op
+from fla_gen.verify import TOLERANCE, compare_with_reference, verify_op
 from fla_gen.write import write_files
 from tests.support import REPO_ROOT, generated, poisoned_allocations, recurrence
 
 OP = "gated_delta_rule_rope"
 
 
-def run_both(fn, ref_fn, inputs: dict, dtype=torch.float32, **kwargs) -> dict[str, float]:
-    """Relative errors of fn (on ``inputs`` cast to ``dtype``) against ref_fn in float64: o, final state and
-    the gradient of every input."""
-    leaves = {n: x.to(dtype).requires_grad_(True) for n, x in inputs.items()}
-    with poisoned_allocations():
-        o, ht = fn(*leaves.values(), output_final_state=True, **kwargs)
-    do, dht = torch.randn_like(o), torch.randn_like(ht)
-    with poisoned_allocations():
-        grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(leaves.values()))
-    ref_leaves = {n: x.detach().double().requires_grad_(True) for n, x in leaves.items()}
-    ro, rht = ref_fn(*ref_leaves.values(), output_final_state=True, **kwargs)
-    rgrads = torch.autograd.grad((ro * do.double()).sum() + (rht * dht.double()).sum(), list(ref_leaves.values()))
-    errors = {"o": relative_error(o, ro), "final_state": relative_error(ht, rht)}
-    errors.update({f"d{n}": relative_error(g, r) for n, g, r in zip(leaves, grads, rgrads, strict=True)})
-    return errors
-
-
-def assert_close(errors: dict[str, float], dtype=torch.float32) -> None:
-    tol_fwd, tol_grad = TOLERANCE[dtype]
-    bad = {k: e for k, e in errors.items() if not e <= (tol_fwd if k in ("o", "final_state") else tol_grad)}
-    assert not bad, f"over tolerance {bad} (all {errors})"
+def assert_matches_reference(fn, ref_fn, inputs: dict, dtype=torch.float32, **kwargs) -> None:
+    """fn on ``inputs`` cast to ``dtype`` against ref_fn in float64 (o, final state, the gradient of every
+    input), within dtype's tolerance."""
+    result = compare_with_reference(fn, ref_fn, {n: x.to(dtype) for n, x in inputs.items()}, dtype,
+                                    name=fn.__name__, guard=poisoned_allocations, **kwargs)
+    assert not result.failures(), f"over tolerance {result.failures()} (all {result.errors})"
 
 
 def raw_inputs(B, T, H, K, V, seed=0) -> dict:
@@ -71,9 +56,8 @@ def test_varlen_per_sequence_offsets_match_reference():
     pkg = generated(OP)
     cu = torch.tensor([0, 7, 7, 30], dtype=torch.int32)
     offsets = torch.tensor([3, 0, 11])
-    errors = run_both(pkg.chunk_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
-                      raw_inputs(1, 30, 2, 16, 8), cu_seqlens=cu, seqlen_offsets=offsets)
-    assert_close(errors)
+    assert_matches_reference(pkg.chunk_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
+                             raw_inputs(1, 30, 2, 16, 8), cu_seqlens=cu, seqlen_offsets=offsets)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -84,16 +68,14 @@ def test_partial_last_tile_and_padded_head_dim(dtype):
     BR, _ = row_tile(B * T * H, 64)
     assert B * T * H > BR and B * T * H % BR
     pkg = generated(OP)
-    errors = run_both(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
-                      raw_inputs(B, T, H, K, V, seed=3), dtype=dtype, seqlen_offsets=3)
-    assert_close(errors, dtype)
+    assert_matches_reference(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
+                             raw_inputs(B, T, H, K, V, seed=3), dtype=dtype, seqlen_offsets=3)
 
 
 def test_int_offset_matches_reference():
     pkg = generated(OP)
-    errors = run_both(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
-                      raw_inputs(2, 12, 2, 16, 8), seqlen_offsets=40)
-    assert_close(errors)
+    assert_matches_reference(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
+                             raw_inputs(2, 12, 2, 16, 8), seqlen_offsets=40)
 
 
 def test_decode_path_applies_transforms_on_load(monkeypatch):
@@ -185,8 +167,7 @@ def test_interleaved_partial_rotary_other_family(variant, mode):
     # K = 24: the head dim padded to 32, rotary_dim 12
     x = sample_inputs(rec, 1, 21, 2, 24, 8, torch.float32)
     kw = {"cu_seqlens": torch.tensor([0, 9, 21], dtype=torch.int32), "seqlen_offsets": torch.tensor([2, 7])}
-    errors = run_both(getattr(pkg, f"{mode}_rope_variant"), pkg.rope_variant_reference, x, **kw)
-    assert_close(errors)
+    assert_matches_reference(getattr(pkg, f"{mode}_rope_variant"), pkg.rope_variant_reference, x, **kw)
 
 
 def test_variant_decode_path_applies_transforms_on_load(variant, monkeypatch):
