@@ -93,6 +93,18 @@ class TransformKernel:
     row_fwd: tuple[str, ...]
 
 
+# Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
+_UNARY_VJP = {
+    "neg": "-{dy}",
+    "exp": "{dy} * {y}",
+    "log": "{dy} / {x}",
+    "sigmoid": "{dy} * {y} * (1.0 - {y})",
+    "softplus": "{dy} * tl.sigmoid({x})",
+    "elu": "{dy} * tl.where({x} > 0.0, 1.0, tl.exp(tl.minimum({x}, 0.0)))",
+    "silu": "{dy} * (tl.sigmoid({x}) * (1.0 + {x} * (1.0 - tl.sigmoid({x}))))",
+}
+
+
 class _Lowering:
     def __init__(self, rec: Recurrence, layout: Layout) -> None:
         spec = rec.spec
@@ -193,20 +205,8 @@ class _Lowering:
             elif fn == "div":
                 add(args[0], f"{dy} / {args[1]}", s)
                 add(args[1], f"-{dy} * {args[0]} / ({args[1]} * {args[1]})", s)
-            elif fn == "neg":
-                add(a, f"-{dy}", s)
-            elif fn == "exp":
-                add(a, f"{dy} * {v}", s)
-            elif fn == "log":
-                add(a, f"{dy} / {a}", s)
-            elif fn == "sigmoid":
-                add(a, f"{dy} * {v} * (1.0 - {v})", s)
-            elif fn == "softplus":
-                add(a, f"{dy} * tl.sigmoid({a})", s)
-            elif fn == "elu":
-                add(a, f"{dy} * tl.where({a} > 0.0, 1.0, tl.exp(tl.minimum({a}, 0.0)))", s)
-            elif fn == "silu":
-                add(a, f"{dy} * (tl.sigmoid({a}) * (1.0 + {a} * (1.0 - tl.sigmoid({a}))))", s)
+            elif fn in _UNARY_VJP:
+                add(a, _UNARY_VJP[fn].format(dy=dy, x=a, y=v), s)
             elif fn == "l2norm":
                 r = extra["r"]
                 add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * {self.layout.sum(f'{dy} * {v}')}), 0.0)", s)
