@@ -377,8 +377,10 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
     return next((s for s in range(most, 0, -1) if _smem_bytes(shape, sizes, elem, s) <= budget), 0)
 
 
-def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int) -> LaunchConfig:
-    """Tile sizes, warps and stages for one kernel on one arch."""
+def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
+                bounded: bool = False) -> LaunchConfig:
+    """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
+    gate lower bound (plan_algorithm)."""
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
@@ -393,7 +395,7 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                             f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
                             f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
                             f"by entry; {warps_why}")
-    if shape.pair_tiles and chunk_size > 16:
+    if shape.pair_tiles and bounded:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
                                               f"fp32 factor tiles: at 32 wide bwd_dqk spills ~100 B, fla-gen aot); "
@@ -485,7 +487,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
         bt, bt_why = 1, "token by token"
     # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
     kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt)) for k in algo.kernels)
+                     or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))
