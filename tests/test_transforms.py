@@ -22,6 +22,7 @@ from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.parse import parse_spec
+from fla_gen.runtime import launch
 from fla_gen.runtime.launch import row_tile
 from fla_gen.runtime.rotary import rope_reference, rotary_embedding, rotary_tables
 from fla_gen.sample import relative_error, sample_inputs
@@ -70,6 +71,20 @@ def test_partial_last_tile_and_padded_head_dim(dtype):
     pkg = generated(OP)
     assert_matches_reference(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
                              raw_inputs(B, T, H, K, V, seed=3), dtype=dtype, seqlen_offsets=3)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_tile_of_one_token_shares_rotary_angles(mode, monkeypatch):
+    """When H % BR == 0 a tile's rows are the heads of one token and its rotary angles are computed once
+    per channel (SAME_TOKEN); varlen with per-sequence offsets, so neighbouring tiles differ in position."""
+    monkeypatch.setattr(launch, "ROW_TILE_ELEMENTS", 64)
+    B, T, H, K, V = 1, 30, 4, 16, 8
+    BR, _ = row_tile(B * T * H, K)
+    assert BR == 2 * 2 and H % BR == 0
+    pkg = generated(OP)
+    assert_matches_reference(getattr(pkg, f"{mode}_gated_delta_rule_rope"), pkg.gated_delta_rule_rope_reference,
+                             raw_inputs(B, T, H, K, V, seed=5), cu_seqlens=torch.tensor([0, 11, 30], dtype=torch.int32),
+                             seqlen_offsets=torch.tensor([5, 17]))
 
 
 def test_int_offset_matches_reference():
@@ -126,6 +141,36 @@ def test_fused_equals_torch_transforms_then_plain_op():
     assert relative_error(o1, o2) < 1e-4 and relative_error(h1, h2) < 1e-4
     for name, a, b in zip(x, g1, g2, strict=True):
         assert relative_error(a, b) < 1e-4, name
+
+
+ORDER_SPEC = """op order_probe
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, H, V]
+state S: [K, V]
+transform q, k = rope(q, k, style=neox, rotary_dim=K, base=10000)
+{between}
+transform q = l2norm(q)
+transform k = {k_norm}
+update S = S + outer(k, v)
+output o = S^T @ q
+"""
+
+
+@pytest.mark.parametrize(("between", "k_norm", "order"), [
+    # both norms move ahead of the rope they follow (l2norm(rope(x)) = rope(l2norm(x)))
+    ("", "l2norm(k)", ["l2norm q", "l2norm k", "rope q,k"]),
+    # a line touching q between the rope and q's norm keeps q's norm in place; k's norm still moves
+    ("transform q = q * 2.0", "l2norm(k)", ["l2norm k", "rope q,k", "map q", "l2norm q"]),
+    # the norm of a feature map of k is not a norm of k itself: it stays
+    ("", "l2norm(elu(k) + 1)", ["l2norm q", "rope q,k", "map k"]),
+])
+def test_norms_move_ahead_of_rotations_only_when_exact(between, k_norm, order):
+    from fla_gen.transforms import _own_l2norm, norms_before_rotations
+
+    rec = canonicalize(check_spec(parse_spec(ORDER_SPEC.format(between=between, k_norm=k_norm), "order_probe.fla")))
+    lowered = norms_before_rotations(rec.spec.transforms)
+    assert [("l2norm " if _own_l2norm(t) else f"{t.kind} ") + ",".join(t.targets) for t in lowered] == order
 
 
 # A spec of another family (gated, no rank-1 term) with interleaved partial rotary, a feature map and a

@@ -48,3 +48,10 @@ def row_tile(rows: int, width: int) -> tuple[int, int]:
     """
     br = max(1, min(ROW_TILE_ELEMENTS // width, triton.next_power_of_2(rows)))
     return br, max(1, min(8, br * width // (32 * ROW_TILE_PER_THREAD)))
+
+
+def tile_of_one_token(heads: int, rows_per_tile: int) -> bool:
+    """Whether every tile of ``rows_per_tile`` flat (token, head) rows holds heads of a single token, so
+    the tile shares one rope position (the tiles start at multiples of BR and a token's H rows are
+    contiguous)."""
+    return heads % rows_per_tile == 0

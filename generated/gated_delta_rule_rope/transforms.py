@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_gen.runtime.launch import row_tile
+from fla_gen.runtime.launch import row_tile, tile_of_one_token
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 
 _TARGETS = ['q', 'k', 'g', 'beta']
@@ -47,7 +47,7 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
 def gated_delta_rule_rope_transform_fwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, y_q, y_k, y_g, y_beta,
     pos, rope0_dim, n_rows, H, K, V,
-    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAME_TOKEN: tl.constexpr,
 ):
     # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -56,20 +56,26 @@ def gated_delta_rule_rope_transform_fwd_kernel(
     i_h = row % H
     o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    b_pos = tl.load(pos + row // H).to(tl.float32)
+    if SAME_TOKEN:
+        # the tile's rows are heads of one token: one position, so the rotary angles (cos, sin: the
+        # kernels' costliest arithmetic) are computed once per channel and shared by the BR rows
+        b_pos = tl.load(pos + (tl.program_id(0).to(tl.int64) * BR) // H).to(tl.float32)
+    else:
+        b_pos = tl.load(pos + row // H).to(tl.float32)
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t2 = tl.load(x_g + row).to(tl.float32)
     t3 = tl.load(x_beta + row).to(tl.float32)
+    t4 = tl.where(m_K, t0, 0.0)
+    t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
+    t6 = t4 * t5
+    t7 = tl.where(m_K, t1, 0.0)
+    t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=1, keep_dims=True) + 1e-06)
+    t9 = t7 * t8
     rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-    t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=1)
-    t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=1)
-    t6 = tl.where(m_K, t4, 0.0)
-    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
-    t8 = t6 * t7
-    t9 = tl.where(m_K, t5, 0.0)
-    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=1, keep_dims=True) + 1e-06)
-    t11 = t9 * t10
+    rp0 = tl.broadcast_to(rp0, [BR, BK])
+    t10 = t6 * rc0 + rs0 * tl.gather(t6, rp0, axis=1)
+    t11 = t9 * rc0 + rs0 * tl.gather(t9, rp0, axis=1)
     t12 = tl.sigmoid(t3)
     t13 = tl.load(p_A_log + i_h).to(tl.float32)
     t14 = tl.exp(t13)
@@ -79,7 +85,7 @@ def gated_delta_rule_rope_transform_fwd_kernel(
     t18 = tl.where(t17 > 20.0, t17, tl.log(1.0 + tl.exp(tl.minimum(t17, 20.0))))
     t19 = t15 * t18
 
-    tl.store(y_q + row * K + o_K, t8.to(y_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_q + row * K + o_K, t10.to(y_q.dtype.element_ty), mask=m_r & m_K)
     tl.store(y_k + row * K + o_K, t11.to(y_k.dtype.element_ty), mask=m_r & m_K)
     tl.store(y_g + row, t19.to(y_g.dtype.element_ty), mask=m_r)
     tl.store(y_beta + row, t12.to(y_beta.dtype.element_ty), mask=m_r)
@@ -89,7 +95,7 @@ def gated_delta_rule_rope_transform_fwd_kernel(
 def gated_delta_rule_rope_transform_bwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, dy_q, dy_k, dy_g, dy_beta, dx_q, dx_k, dx_g, dx_beta, dp_A_log, dp_dt_bias,
     pos, rope0_dim, n_rows, H, K, V,
-    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAME_TOKEN: tl.constexpr,
 ):
     # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -98,20 +104,26 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     i_h = row % H
     o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    b_pos = tl.load(pos + row // H).to(tl.float32)
+    if SAME_TOKEN:
+        # the tile's rows are heads of one token: one position, so the rotary angles (cos, sin: the
+        # kernels' costliest arithmetic) are computed once per channel and shared by the BR rows
+        b_pos = tl.load(pos + (tl.program_id(0).to(tl.int64) * BR) // H).to(tl.float32)
+    else:
+        b_pos = tl.load(pos + row // H).to(tl.float32)
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t2 = tl.load(x_g + row).to(tl.float32)
     t3 = tl.load(x_beta + row).to(tl.float32)
+    t4 = tl.where(m_K, t0, 0.0)
+    t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
+    t6 = t4 * t5
+    t7 = tl.where(m_K, t1, 0.0)
+    t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=1, keep_dims=True) + 1e-06)
+    t9 = t7 * t8
     rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-    t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=1)
-    t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=1)
-    t6 = tl.where(m_K, t4, 0.0)
-    t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
-    t8 = t6 * t7
-    t9 = tl.where(m_K, t5, 0.0)
-    t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=1, keep_dims=True) + 1e-06)
-    t11 = t9 * t10
+    rp0 = tl.broadcast_to(rp0, [BR, BK])
+    t10 = t6 * rc0 + rs0 * tl.gather(t6, rp0, axis=1)
+    t11 = t9 * rc0 + rs0 * tl.gather(t9, rp0, axis=1)
     t12 = tl.sigmoid(t3)
     t13 = tl.load(p_A_log + i_h).to(tl.float32)
     t14 = tl.exp(t13)
@@ -133,10 +145,10 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     d5 = -d0
     d6 = d5 * t14
     d7 = dy3 * t12 * (1.0 - t12)
-    d8 = tl.where(m_K, t10 * (dy1 - t11 * tl.sum(dy1 * t11, axis=1, keep_dims=True)), 0.0)
-    d9 = tl.where(m_K, t7 * (dy0 - t8 * tl.sum(dy0 * t8, axis=1, keep_dims=True)), 0.0)
-    d10 = d8 * rc0 + tl.gather(d8 * rs0, rp0, axis=1)
-    d11 = d9 * rc0 + tl.gather(d9 * rs0, rp0, axis=1)
+    d8 = dy1 * rc0 + tl.gather(dy1 * rs0, rp0, axis=1)
+    d9 = dy0 * rc0 + tl.gather(dy0 * rs0, rp0, axis=1)
+    d10 = tl.where(m_K, t8 * (d8 - t9 * tl.sum(d8 * t9, axis=1, keep_dims=True)), 0.0)
+    d11 = tl.where(m_K, t5 * (d9 - t6 * tl.sum(d9 * t6, axis=1, keep_dims=True)), 0.0)
     tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)
     tl.store(dx_k + row * K + o_K, (d10).to(dx_k.dtype.element_ty), mask=m_r & m_K)
     tl.store(dx_g + row, (d3).to(dx_g.dtype.element_ty), mask=m_r)
@@ -164,7 +176,7 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
         outs = tuple(torch.empty_like(x, dtype=torch.float32 if n in _FP32_OUTPUTS else x.dtype)
                      for n, x in zip(_TARGETS, targets))
         gated_delta_rule_rope_transform_fwd_kernel[grid](
-            *targets, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, num_warps=warps,
+            *targets, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
         )
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
@@ -180,7 +192,7 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
         grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_rope_transform_bwd_kernel[grid](
             *targets, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
-            BR=BR, BK=BK, BV=BV, num_warps=warps,
+            BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
         )
         dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, *dx, *dh)
