@@ -44,11 +44,22 @@ _GLA_WIDE_V = ("one 128-wide V tile (no V loop around the [BT, BT] product), 2 s
                "1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms against two 64-wide V tiles "
                "(benchmarks/results/2026-11-23_h100_bench_gla_wide_v.json)")
 
+_DELTA_FWD_WU_2_WARPS = (
+    "2 warps: the kernel's dots and its forward substitution work on 16x16 blocks, too small to share among "
+    "4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, "
+    "benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel {kernels}, forward {forwards}")
+
 TUNED: tuple[TunedPlan, ...] = (
     # The wide-V experiment of benchmarks/RESULTS.md: it agrees with plan.py's wide_v rule, and pins
     # the measured reason to the one target it was measured on. Its fwd_o entry went with the kernel it
     # measured (fwd_o then built A itself; fwd_A does that now): the rule stands for the new fwd_o.
     TunedPlan("sm90", "chunk_channel_gate", "bwd_dv", "bf16", 128, 64, 128, 4, 2, _GLA_WIDE_V),
+    TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 128, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
+        kernels="0.315 -> 0.220 ms (gated_delta_rule 4x4096x16x128), 0.300 -> 0.205 (delta_rule)",
+        forwards="0.727 -> 0.648 and 0.657 -> 0.618 ms")),
+    TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 64, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
+        kernels="0.559 -> 0.357 ms (gated_delta_rule 8x2048x32x64), 0.501 -> 0.323 (delta_rule)",
+        forwards="0.855 -> 0.654 and 0.762 -> 0.585 ms")),
 )
 
 

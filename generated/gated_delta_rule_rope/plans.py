@@ -171,8 +171,8 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
-    ("sm90", "bf16", 64): Plan(
-        "sm90", "bf16", 64, chunk_size=64,
+    ("sm90", "fp16", 64): Plan(
+        "sm90", "fp16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -189,12 +189,48 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
-    ("sm90", "bf16", 128): Plan(
-        "sm90", "bf16", 128, chunk_size=64,
+    ("sm90", "fp16", 128): Plan(
+        "sm90", "fp16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
+                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=2,
+                                 reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~116 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+        ),
+    ),
+    ("sm90", "bf16", 64): Plan(
+        "sm90", "bf16", 64, chunk_size=64,
+        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
+        kernels=(
+            ("fwd_wu", LaunchConfig(64, 64, num_warps=2, num_stages=3,
+                                 reason="tuned (fla_gen/tuned.py): 2 warps: the kernel's dots and its forward substitution work on 16x16 blocks, too small to share among 4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel 0.559 -> 0.357 ms (gated_delta_rule 8x2048x32x64), 0.501 -> 0.323 (delta_rule), forward 0.855 -> 0.654 and 0.762 -> 0.585 ms")),
+            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
+                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~56 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
+                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+        ),
+    ),
+    ("sm90", "bf16", 128): Plan(
+        "sm90", "bf16", 128, chunk_size=64,
+        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
+        kernels=(
+            ("fwd_wu", LaunchConfig(64, 64, num_warps=2, num_stages=3,
+                                 reason="tuned (fla_gen/tuned.py): 2 warps: the kernel's dots and its forward substitution work on 16x16 blocks, too small to share among 4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel 0.315 -> 0.220 ms (gated_delta_rule 4x4096x16x128), 0.300 -> 0.205 (delta_rule), forward 0.727 -> 0.648 and 0.657 -> 0.618 ms")),
             ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
                                  reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~80 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -352,8 +388,11 @@ CHUNK_PLANS = {
         ),
     ),
 }
-# fp16 rows: the bf16 rows but for the dtype (same element size).
-CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16"))
+# fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 64),
+    ("sm90", 128),
+)))
 
 # fused_recurrent_delta: the decode kernels
 RECURRENT_PLANS = {
