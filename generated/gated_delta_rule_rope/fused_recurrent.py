@@ -91,15 +91,15 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
             t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
             t2 = tl.load(x_g + row).to(tl.float32)
             t3 = tl.load(x_beta + row).to(tl.float32)
-            t4 = tl.where(m_K, t0, 0.0)
-            t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=0) + 1e-06)
-            t6 = t4 * t5
-            t7 = tl.where(m_K, t1, 0.0)
-            t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=0) + 1e-06)
-            t9 = t7 * t8
             rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
-            t10 = t6 * rc0 + rs0 * tl.gather(t6, rp0, axis=0)
-            t11 = t9 * rc0 + rs0 * tl.gather(t9, rp0, axis=0)
+            t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=0)
+            t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=0)
+            t6 = tl.where(m_K, t4, 0.0)
+            t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=0) + 1e-06)
+            t8 = t6 * t7
+            t9 = tl.where(m_K, t5, 0.0)
+            t10 = 1.0 / tl.sqrt(tl.sum(t9 * t9, axis=0) + 1e-06)
+            t11 = t9 * t10
             t12 = tl.sigmoid(t3)
             t13 = tl.load(p_A_log + i_h).to(tl.float32)
             t14 = tl.exp(t13)
@@ -108,7 +108,7 @@ def gated_delta_rule_rope_recurrent_fwd_kernel(
             t17 = t2 + t16
             t18 = tl.where(t17 > 20.0, t17, tl.log(1.0 + tl.exp(tl.minimum(t17, 20.0))))
             t19 = t15 * t18
-            b_q = t10 * scale
+            b_q = t8 * scale
             b_k = t11
             b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
             b_beta = t12
