@@ -29,6 +29,14 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def factor_span(dtype: torch.dtype) -> float:
+    """The largest |log| of a gate factor that a kernel may fold into a tensor-core operand of this dtype
+    (x * exp(+-span)): fp16 tops out at 65504, so e^4 keeps |x| up to ~1000 finite; bf16 and fp32 share
+    fp32's exponent range, and e^30 also keeps the masked-out entries of a [16, 16] product (up to
+    e^60 |q| |k| K) finite."""
+    return 4.0 if dtype == torch.float16 else 30.0
+
+
 # fp32 values per program of the per-row transform kernels, 8 per thread and live tile: at 16 per thread
 # the backward of rope + l2norm at D = 128 needs 243 registers on sm90, at 8 about 125 (`fla-gen aot`).
 # 1024 (8 rows of 128, 4 warps) measured fastest on the H100 (benchmarks/sweep_transform_tile.py,

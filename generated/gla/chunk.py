@@ -130,7 +130,7 @@ def gla_fwd_h_kernel(
 def gla_fwd_A_kernel(
     q, k, G, A, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
     # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -165,22 +165,49 @@ def gla_fwd_A_kernel(
                 tl.exp(b_gn[:, None] - tl.load(g_c + o_xt, mask=m_k[:, None], other=0.))
             b_Ab += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
         tl.store(p_A + o_b[None, :], b_Ab.to(A.dtype.element_ty), mask=m_r[:, None])
-    # the diagonal BC x BC block entry by entry, one key token n + j at a time: exponents <= 0
-    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+    # The diagonal BC x BC block. How far the gates move within the sub-chunk decides how: with
+    # |G_x - G_n| <= DIAG_SPAN for all its tokens x (the host's launch.factor_span of the dtype), through
+    # its first token n like the blocks above, on tensor cores; else (strong gates) entry by entry, one
+    # key token n + j at a time, with exponents G_i - G_j <= 0 only.
+    b_span = tl.zeros([], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_rk = m_r[:, None] & m_k[None, :]
-        o_x = o_r[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
-        b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
-        for j in range(BC):
-            m_jk = m_k & (i_n + j < n_t)
-            b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
-            b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
-            m_a = m_rk & (o_c >= j)[:, None]
-            b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
-            b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
+        b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+        b_g = tl.load(g_c + o_r[:, None] * (H * K) + o_k[None, :], mask=m_rk, other=0.)
+        b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
+    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+    if b_span <= DIAG_SPAN:
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_rk = m_r[:, None] & m_k[None, :]
+            m_kr = m_k[:, None] & m_r[None, :]
+            o_x = o_r[:, None] * (H * K) + o_k[None, :]
+            o_xt = o_r[None, :] * (H * K) + o_k[:, None]
+            b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+            b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
+                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gn[None, :], float("-inf"))))
+            b_kgt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * \
+                tl.exp(tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")))
+            b_Ad += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
+    else:
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_rk = m_r[:, None] & m_k[None, :]
+            o_x = o_r[:, None] * (H * K) + o_k[None, :]
+            b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
+            b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+            for j in range(BC):
+                m_jk = m_k & (i_n + j < n_t)
+                b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+                b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
+                m_a = m_rk & (o_c >= j)[:, None]
+                b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
+                b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
     # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
     o_z = i_n + BC + tl.arange(0, BT)
@@ -317,7 +344,7 @@ def gla_bwd_dv_kernel(
 def gla_bwd_dqk_intra_kernel(
     q, k, G, dA, dq, dk, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
     # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of
     # its tokens, from dA, in fp32
@@ -338,27 +365,36 @@ def gla_bwd_dqk_intra_kernel(
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     dA_c = dA + (t0 * H + i_h) * BT
     b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+    # this sub-chunk's first token n and last valid token m: the reference tokens of dq and dk
+    i_m = tl.minimum(i_n + BC, n_t) - 1
+    b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+    b_gm = tl.load(g_c + i_m * (H * K) + o_k, mask=m_k, other=0.)
+    # The diagonal block joins the dots below (as one more sub-chunk, masked to i >= j) when the gates
+    # move at most DIAG_SPAN within the sub-chunk on this K tile (the host's launch.factor_span), so its
+    # factors about n and m stay within exp(+-DIAG_SPAN); else (strong gates) it is done entry by entry.
+    b_span = tl.max(tl.where(m_rk, tl.maximum(tl.abs(b_g - b_gn[None, :]), tl.abs(b_g - b_gm[None, :])), 0.))
+    n_diag = (b_span <= DIAG_SPAN).to(tl.int32)
 
     # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens),
     # through this one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j))
-    # over the earlier sub-chunks c, every exponent <= 0
-    b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+    # over the earlier sub-chunks c, every exponent <= 0 (and the diagonal block, bounded, if n_diag)
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_c in range(0, i_i):
+    for i_c in range(0, i_i + n_diag):
         o_b = i_c * BC + o_c
+        m_bk = (o_b < n_t)[:, None] & m_k[None, :]
         o_xb = o_b[:, None] * (H * K) + o_k[None, :]
-        b_kg = tl.load(k_c + o_xb, mask=m_k[None, :], other=0.).to(tl.float32) * \
-            tl.exp(b_gn[None, :] - tl.load(g_c + o_xb, mask=m_k[None, :], other=0.))
-        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None], other=0.)
+        b_kg = tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf")))
+        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None] & (o_b[None, :] <= o_r[:, None]),
+                       other=0.)
         b_dq += tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
     b_dq = b_dq * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
 
     # dk_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks, through this one's last
     # valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
-    i_m = tl.minimum(i_n + BC, n_t) - 1
-    b_gm = tl.load(g_c + i_m * (H * K) + o_k, mask=m_k, other=0.)
+    # (and the diagonal block, bounded, if n_diag)
     b_dk = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_c in range(i_i + 1, tl.cdiv(n_t, BC)):
+    for i_c in range(i_i + 1 - n_diag, tl.cdiv(n_t, BC)):
         o_a = i_c * BC + o_c
         m_a = o_a < n_t
         m_ak = m_a[:, None] & m_k[None, :]
@@ -366,14 +402,15 @@ def gla_bwd_dqk_intra_kernel(
         b_qg = tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * \
             tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
         # dA^T [BC, BC], read transposed through the offsets
-        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None], mask=m_r[:, None] & m_a[None, :], other=0.)
+        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None],
+                        mask=m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None]), other=0.)
         b_dk += tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
     b_dk = b_dk * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
-    # the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
+    # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
     # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
     # dk_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
-    for j in range(BC):
+    for j in range(BC * (1 - n_diag)):
         i_j = i_n + j
         m_jk = m_k & (i_j < n_t)
         b_kj = tl.load(k_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
@@ -536,7 +573,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     gla_fwd_A_kernel[(triton.cdiv(BT, BC), NT, B * H)](
         q, k, G, A, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
@@ -605,7 +642,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     gla_bwd_dqk_intra_kernel[(triton.cdiv(K, BK) * triton.cdiv(BT, BC), NT, B * H)](
         q, k, G, dA, dq_intra, dk_intra, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BC=BC, BK=BK, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
     cfg = plan.config("bwd_dqkg")
