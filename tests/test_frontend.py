@@ -84,7 +84,9 @@ def test_plans_fit_every_arch():
                 assert p.chunk_size_reason
                 for stage, cfg in p.kernels:
                     assert cfg.reason, stage
-                    assert cfg.num_warps in (4, 8)
+                    # the rules give 4 or 8 warps; fewer only where a measured plan (fla_gen/tuned.py) says so
+                    assert cfg.num_warps in (4, 8) or (cfg.num_warps in (1, 2) and cfg.reason.startswith("tuned")), \
+                        (stage, cfg)
                     shape = next(k for k in algo.kernels if k.stage == stage)
                     sizes = tile_dims(p.chunk_size, cfg.block_k, cfg.block_v)
                     elem = 4 if p.dtype == "fp32" else 2
