@@ -173,6 +173,25 @@ def test_norms_move_ahead_of_rotations_only_when_exact(between, k_norm, order):
     assert [("l2norm " if _own_l2norm(t) else f"{t.kind} ") + ",".join(t.targets) for t in lowered] == order
 
 
+def test_norm_after_partial_interleaved_rope_matches_reference(tmp_path):
+    """The backward lowers l2norm ahead of the rope it follows; with a partial interleaved rotary (the tail
+    passes through) that is still exact: gradients against the reference, which keeps the spec's order."""
+    text = ORDER_SPEC.replace("style=neox, rotary_dim=K", "style=interleaved, rotary_dim=K / 2")
+    rec = canonicalize(check_spec(parse_spec(text.format(between="", k_norm="l2norm(k)"), "order_probe.fla")))
+    write_files(emit_package(rec), tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = importlib.import_module("order_probe")
+        x = sample_inputs(rec, 1, 21, 2, 24, 8, torch.float32, seed=4)
+        kw = {"cu_seqlens": torch.tensor([0, 9, 21], dtype=torch.int32), "seqlen_offsets": torch.tensor([3, 30])}
+        for mode in ("chunk", "fused_recurrent"):
+            assert_matches_reference(getattr(pkg, f"{mode}_order_probe"), pkg.order_probe_reference, x, **kw)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.startswith("order_probe")]:
+            del sys.modules[name]
+
+
 # A spec of another family (gated, no rank-1 term) with interleaved partial rotary, a feature map and a
 # parameterised gate: the transforms are the DSL's, not one spec's.
 VARIANT = """op rope_variant
