@@ -48,10 +48,10 @@ def torch_transforms(q, k, v, g, beta, A_log, dt_bias):
     return q, k, v, g, beta.sigmoid()
 
 
-def median_ms(fn, device: str, **kwargs) -> float:
+def median_ms(fn, device: str, warmup: int = 10, rep: int = 100, **kwargs) -> float:
     """triton.testing.do_bench's median on a GPU; one timed call elsewhere (a smoke run)."""
     if device == "cuda":
-        return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median", **kwargs)
+        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median", **kwargs)
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e3

@@ -23,14 +23,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from bench_transforms import median_ms  # noqa: E402
 
 from fla_gen.cli import compile_spec  # noqa: E402
 from fla_gen.runtime.validate import CallShape  # noqa: E402
@@ -98,15 +98,6 @@ def build_variant(op: str, lines: tuple[str, ...], out_dir: Path):
     return fn, [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
 
 
-def median_ms(fn, device: str, **kwargs) -> float:
-    """triton.testing.do_bench's median on a GPU; one timed call elsewhere (a smoke run)."""
-    if device == "cuda":
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median", **kwargs)
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--B", type=int, default=4)
@@ -133,7 +124,7 @@ def main() -> int:
     big = 2 * B * T * H * D * elem  # q and k
     copy_src = torch.empty(big // elem, device=dev, dtype=dtype)
     copy_dst = torch.empty_like(copy_src)
-    copy_ms = median_ms(lambda: copy_dst.copy_(copy_src), dev)
+    copy_ms = median_ms(lambda: copy_dst.copy_(copy_src), dev, warmup=25, rep=200)
     copy_gbs = 2 * big / copy_ms / 1e6
     print(f"copy of q and k ({big / 1e6:.0f} MB each way): {copy_ms:.3f} ms = {copy_gbs:.0f} GB/s", flush=True)
 
@@ -144,14 +135,14 @@ def main() -> int:
             fn, names = build_variant(op, lines, Path(tmp))
             leaves = [x[n].clone().requires_grad_(True) for n in names]
             with torch.no_grad():
-                fwd = median_ms(lambda fn=fn, leaves=leaves: fn(*leaves, call=call), dev)
+                fwd = median_ms(lambda fn=fn, leaves=leaves: fn(*leaves, call=call), dev, warmup=25, rep=200)
             outs = fn(*leaves, call=call)
             grads = [torch.randn_like(o) for o in outs]
 
             def fwd_bwd(fn=fn, leaves=leaves, grads=grads):
                 torch.autograd.backward(fn(*leaves, call=call), grads)
 
-            both = median_ms(fwd_bwd, dev, **({"grad_to_none": leaves} if dev == "cuda" else {}))
+            both = median_ms(fwd_bwd, dev, warmup=25, rep=200, **({"grad_to_none": leaves} if dev == "cuda" else {}))
             vec = sum(B * T * H * D * elem for n in names if n in ("q", "k"))
             kern = kernel_ms(fwd_bwd, ("transform_fwd_kernel", "transform_bwd_kernel")) if dev == "cuda" else {}
             k_fwd = kern.get("transform_fwd_kernel", float("nan"))
