@@ -82,15 +82,20 @@ def _callable(op: str, mode: str):
     return lambda: torch.autograd.grad(fn(*args)[0], leaves, do)
 
 
-def measure(op: str, mode: str, iters: int = 500) -> float:
-    """Microseconds of host time per call of ``op`` in ``mode`` (after 20 warm-up calls)."""
+def measure(op: str, mode: str, iters: int = 500, repeats: int = 3) -> float:
+    """Microseconds of host time per call of ``op`` in ``mode``: the best of ``repeats`` runs of
+    ``iters`` calls, after 20 warm-up calls (the best, as the CPU's allocator of the large tensors
+    makes single runs noisy)."""
     call = _callable(op, mode)
     for _ in range(20):
         call()
-    start = time.perf_counter()
-    for _ in range(iters):
-        call()
-    return (time.perf_counter() - start) / iters * 1e6
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        best = min(best, (time.perf_counter() - start) / iters * 1e6)
+    return best
 
 
 def main() -> int:
@@ -98,6 +103,7 @@ def main() -> int:
     parser.add_argument("ops", nargs="*", default=["simple_gla", "gla", "gated_delta_rule"])
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", choices=MODES, help="cProfile one op in this mode instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -114,7 +120,7 @@ def main() -> int:
         return 0
     print(f"{'op':24s}" + "".join(f"{m:>10s}" for m in args.modes.split(",")) + "   (host us/call)")
     for op in args.ops:
-        row = [measure(op, m, args.iters) for m in args.modes.split(",")]
+        row = [measure(op, m, args.iters, args.repeats) for m in args.modes.split(",")]
         print(f"{op:24s}" + "".join(f"{us:10.1f}" for us in row))
     return 0
 
