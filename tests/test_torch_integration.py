@@ -239,8 +239,12 @@ def test_eager_calls_bypass_the_dispatcher_with_the_same_result(mode, monkeypatc
     x = sample_inputs(rec, 2, 10, 1, 16, 16, torch.float32)
     h0 = torch.randn(2, 1, 16, 16, requires_grad=True)
     fn = getattr(module, f"{mode}_{op}")
-    with torch.no_grad():
+    calls = []
+    real = getattr(module, f"_{mode}_{op}_op")
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(module, f"_{mode}_{op}_op", lambda *a: calls.append(1) or real(*a))
         o0, ht0 = fn(*x.values(), initial_state=h0, output_final_state=True)
+    assert calls == []
     leaves = [*(t.requires_grad_(True) for t in x.values()), h0]
     do = torch.randn_like(o0)
 
