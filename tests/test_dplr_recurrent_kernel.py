@@ -31,7 +31,7 @@ from fla_gen.sample import relative_error
 from tests.support import REPO_ROOT, poisoned_allocations
 
 TEMPLATE = "kernels/fused_recurrent_dplr.jinja"
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n"
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n"
 
 
 def render(op: str, token_gate: str | None) -> str:

@@ -16,6 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from fla_gen.layers import DeltaLayer, DPLRLayer, GatedLayer, LayerState, layer_for
+from fla_gen.runtime import torch_op
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from tests.support import generated, recurrence
@@ -229,20 +230,61 @@ def test_layer_compiles_with_inductor():
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-def test_inference_call_bypasses_the_dispatcher_with_the_same_result(mode, monkeypatch):
-    """Without gradients or tracing the public function runs the op's body directly (no dispatcher
-    overhead on a decode step); with gradients it goes through the custom op. Both agree."""
+def test_eager_calls_bypass_the_dispatcher_with_the_same_result(mode, monkeypatch):
+    """Without tracing the public function runs the op's body directly (no dispatcher overhead): under
+    no_grad, and with gradients through an autograd.Function with the op's own backward. Outputs and
+    gradients equal those of the custom op, which runs while anything may be tracing."""
     op = "simple_gla"
     rec, module = recurrence(op), getattr(generated(op), mode)
     x = sample_inputs(rec, 2, 10, 1, 16, 16, torch.float32)
-    h0 = torch.randn(2, 1, 16, 16)
+    h0 = torch.randn(2, 1, 16, 16, requires_grad=True)
     fn = getattr(module, f"{mode}_{op}")
     calls = []
     real = getattr(module, f"_{mode}_{op}_op")
-    monkeypatch.setattr(module, f"_{mode}_{op}_op", lambda *a: calls.append(1) or real(*a))
-    with torch.no_grad():
-        o1, h1 = fn(*x.values(), initial_state=h0, output_final_state=True)
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(module, f"_{mode}_{op}_op", lambda *a: calls.append(1) or real(*a))
+        o0, ht0 = fn(*x.values(), initial_state=h0, output_final_state=True)
     assert calls == []
-    o2, h2 = fn(*[t.requires_grad_(True) for t in x.values()], initial_state=h0, output_final_state=True)
-    assert calls == [1]
-    assert torch.equal(o1, o2.detach()) and torch.equal(h1, h2.detach())
+    leaves = [*(t.requires_grad_(True) for t in x.values()), h0]
+    do = torch.randn_like(o0)
+
+    def run():
+        o, ht = fn(*leaves[:-1], initial_state=h0, output_final_state=True)
+        return o, ht, _grads((o * do).sum() + ht.square().sum(), leaves)
+
+    o1, ht1, grads1 = run()
+    assert type(o1.grad_fn).__name__.startswith(f"{mode}_{op}_eager")
+    monkeypatch.setattr(torch_op, "_may_be_traced", lambda: True)
+    o2, ht2, grads2 = run()
+    assert "fla_gen" in type(o2.grad_fn).__name__  # the custom op's autograd
+    assert torch.equal(o0, o1.detach()) and torch.equal(ht0, ht1.detach())
+    assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
+    for g1, g2 in zip(grads1, grads2, strict=True):
+        assert (g1 is None and g2 is None) or torch.equal(g1, g2)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "custom_op"])
+def test_an_unused_output_gets_no_zero_gradient(mode, eager, monkeypatch):
+    """The backward receives None, not a materialized zero tensor, for an output the loss does not use
+    (the saved tensors, final_state or o): each zero would cost a memset as large as the output. The
+    gradients equal those of an explicit zero gradient."""
+    op = "gla"  # its chunked forward returns saved tensors
+    rec, module = recurrence(op), getattr(generated(op), mode)
+    if not eager:
+        monkeypatch.setattr(torch_op, "_may_be_traced", lambda: True)
+    x = sample_inputs(rec, 2, 10, 1, 16, 16, torch.float32)
+    h0 = torch.randn(2, 1, 16, 16, requires_grad=True)
+    leaves = [*(t.requires_grad_(True) for t in x.values()), h0]
+    fn = getattr(module, f"{mode}_{op}")
+
+    def grads(o_weight, ht_weight):
+        o, ht = fn(*leaves[:-1], initial_state=h0, output_final_state=True)
+        loss = [(o * o_weight).sum() if o_weight is not None else None,
+                (ht * ht_weight).sum() if ht_weight is not None else None]
+        return _grads(sum(t for t in loss if t is not None), leaves)
+
+    do, dht = torch.randn(2, 10, 1, 16), torch.randn(2, 1, 16, 16)
+    for only, zeros in (((do, None), (do, torch.zeros_like(dht))), ((None, dht), (torch.zeros_like(do), dht))):
+        for g1, g2 in zip(grads(*only), grads(*zeros), strict=True):
+            assert relative_error(g1, g2) < 1e-6

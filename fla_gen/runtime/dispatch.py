@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,12 @@ def arch_of(device: torch.device) -> str:
         return _forced_arch
     if device.type != "cuda":
         return "sm80"
+    return _cuda_arch(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_arch(device: torch.device) -> str:
+    # Cached: get_device_capability costs a few us per call and a device's arch never changes.
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 10:
         return "sm100" if major == 10 else "sm89"  # sm120 parts have ~100 KB of shared memory, as sm89

@@ -4,23 +4,34 @@ counts and the tl.dot precision. Nothing here reads a tensor's values (no device
 from __future__ import annotations
 
 import torch
-import triton
+
+
+# Plain-Python twins of triton.cdiv and triton.next_power_of_2: since Triton 3.6 those are
+# constexpr_functions whose host-side call unwraps every argument (~4 us each, several per launch).
+def cdiv(x: int, y: int) -> int:
+    """ceil(x / y) for positive ints (triton.cdiv)."""
+    return -(-x // y)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, for n >= 1 (triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length()
 
 
 def dot_tile(block: int, dim: int) -> int:
     """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot's minimum)."""
-    return max(16, min(block, triton.next_power_of_2(dim)))
+    return max(16, min(block, next_power_of_2(dim)))
 
 
 def whole_dim_tile(dim: int) -> int:
     """A tile that covers a whole head dim (the sequential kernels contract over all of K)."""
-    return max(16, triton.next_power_of_2(dim))
+    return max(16, next_power_of_2(dim))
 
 
 def num_chunks(T: int, BT: int, chunk_indices: torch.Tensor | None) -> int:
     """Chunks per sequence of length T (dense), or of the whole packed batch (varlen: the rows of
     ``chunk_indices`` [NT, 2]), without a sync."""
-    return triton.cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
+    return cdiv(T, BT) if chunk_indices is None else chunk_indices.shape[0]
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -54,7 +65,7 @@ def row_tile(rows: int, width: int) -> tuple[int, int]:
     (padded to a power of two); the warps give each thread ROW_TILE_PER_THREAD values of a tile,
     1 to 8 warps.
     """
-    br = max(1, min(ROW_TILE_ELEMENTS // width, triton.next_power_of_2(rows)))
+    br = max(1, min(ROW_TILE_ELEMENTS // width, next_power_of_2(rows)))
     return br, max(1, min(8, br * width // (32 * ROW_TILE_PER_THREAD)))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 from triton.runtime.jit import KernelInterface
 
 from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
@@ -128,20 +129,35 @@ def backward_outputs(grads: Sequence[torch.Tensor | None], like: Sequence[torch.
     return out
 
 
+def _may_be_traced() -> bool:
+    """Whether this call may be traced or transformed (torch.compile, torch.func, a dispatch mode such
+    as FakeTensorMode or make_fx): then only the registered op will do."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or torch._C._len_torch_dispatch_stack() > 0)
+
+
 def call_op(op: Callable, body: Callable, *args) -> list:
     """Run the custom op ``op``, or its body directly where the dispatcher adds nothing.
 
     The dispatcher costs ~40 us of host time per call (measured on the CPU, kernels stubbed: 84 us
-    against 44 us for a decode step), which a T = 1 decode step feels. When no gradient is needed,
-    nothing is being traced (no torch.compile, no fake or functional tensors: plain tensors only),
-    ``body`` — the very function the op runs — is called directly. CUDA-graph capture works either way.
+    against 44 us for a decode step), and its autograd wrapper (torch.library's, with pytree
+    flattening and schema defaults) ~150 us more per forward and backward. So when nothing is being
+    traced or transformed and the arguments are plain tensors, ``body`` — the very function the op
+    runs — is called directly, through an autograd.Function with the op's own ``setup_context``
+    and backward when a gradient is needed. CUDA-graph capture works either way.
     """
-    if torch.compiler.is_compiling():
+    if _may_be_traced():
         return op(*args)
     grad = torch.is_grad_enabled()
+    needs_grad = False
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
-            return op(*args)
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor:
+                return op(*args)
+            needs_grad = needs_grad or (grad and a.requires_grad)
+    if needs_grad:
+        eager = _EAGER_AUTOGRAD.get(op)
+        return op(*args) if eager is None else eager.apply(*args)
     return body(*args)
 
 
@@ -160,6 +176,8 @@ class OpSignature:
 _TAIL = ("float scale, Tensor? initial_state, bool output_final_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
          "float? gate_lower_bound")
 _REGISTERED: dict[str, tuple[str, Callable]] = {}
+# Forward op -> the autograd.Function that runs its body eagerly with the same autograd (call_op).
+_EAGER_AUTOGRAD: dict[Callable, type[torch.autograd.Function]] = {}
 
 
 def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature,
@@ -208,10 +226,15 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
                                          f"Tensor[] saved) -> Tensor[]")
     bwd.register_fake(lambda *args: in_twin(backward, *args))
 
-    def setup_context(ctx, inputs, output):
+    def save_context(ctx, inputs, output):
         tensors, (scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, bound) = inputs[:n], inputs[n:]
         ctx.save_for_backward(*tensors, initial_state, cu_seqlens, cu_seqlens_cpu, *output[2:])
         ctx.scale, ctx.output_final_state, ctx.gate_lower_bound = scale, output_final_state, bound
+        # No zero gradients for the outputs nobody used (the saved tensors, often final_state): each
+        # would cost a memset as large as the output. differentiate handles the None.
+        ctx.set_materialize_grads(False)
+        o = output[0]
+        ctx.o_meta = (o.shape, o.dtype, o.device)
         # the backward op selects its plan again: under the forward's plan override, if any
         ctx.plan_override = active_plan_override()
 
@@ -219,14 +242,34 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
         *tensors, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors[:n + 3]
         saved = list(ctx.saved_tensors[n + 3:])
         do, dht = grads[0], grads[1] if ctx.output_final_state else None
+        if do is None:  # only final_state was used: o's gradient is zero
+            shape, dtype, device = ctx.o_meta
+            do = torch.zeros(shape, dtype=dtype, device=device)
+        # dht None (final_state unused) means a zero gradient to the kernels: nothing to read.
         with overridden_plans(ctx.plan_override) if ctx.plan_override else contextlib.nullcontext():
-            out = bwd(*tensors, ctx.scale, initial_state, ctx.output_final_state, cu_seqlens, cu_seqlens_cpu,
-                      ctx.gate_lower_bound, do.contiguous(), None if dht is None else dht.contiguous(), saved)
+            out = call_op(bwd, bwd_fn, *tensors, ctx.scale, initial_state, ctx.output_final_state, cu_seqlens,
+                          cu_seqlens_cpu, ctx.gate_lower_bound, do.contiguous(),
+                          None if dht is None else dht.contiguous(), saved)
         # One gradient per forward input: the tensors, then scale, initial_state and the rest.
         dx = [None if x is None else g for x, g in zip(tensors, out[:n], strict=True)]
         dh0 = None if initial_state is None else out[n]
         return (*dx, None, dh0, None, None, None, None)
 
-    fwd.register_autograd(differentiate, setup_context=setup_context)
+    fwd.register_autograd(differentiate, setup_context=save_context)
+
+    # fla_gen::<name> with its autograd, run eagerly without the dispatcher (call_op). forward takes
+    # ctx rather than a separate setup_context: apply() then skips binding the arguments to forward's
+    # signature with inspect (~8 us a call).
+    def eager_forward(ctx, *args):
+        output = tuple(fwd_fn(*args))
+        save_context(ctx, args, output)
+        return output
+
+    @once_differentiable  # as the op: its backward op has no autograd of its own
+    def eager_backward(ctx, *grads):
+        return differentiate(ctx, grads)
+
+    _EAGER_AUTOGRAD[fwd] = type(f"{name}_eager", (torch.autograd.Function,), {
+        "forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)})
     _REGISTERED[name] = (spec_hash, fwd)
     return fwd

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,9 +31,11 @@ class TensorArg:
     gate: bool = False
 
 
-@dataclass(frozen=True)
-class CallShape:
-    """The sizes of one validated call. ``N`` sequences (B, or len(cu_seqlens) - 1)."""
+class CallShape(NamedTuple):
+    """The sizes of one validated call. ``N`` sequences (B, or len(cu_seqlens) - 1).
+
+    A NamedTuple rather than a frozen dataclass: built on every call, it costs ~0.3 us against ~1.5 us.
+    """
 
     B: int
     T: int
@@ -77,27 +80,34 @@ def validate_call(
         cu_seqlens: None or ``[N + 1]`` int32/int64 on the inputs' device, with B == 1.
         cu_seqlens_cpu: optional CPU copy of cu_seqlens; with it, validation never syncs the GPU.
     """
+    present = []
     for a, x in zip(args, values, strict=True):
-        _expect_tensor(op, a.name, x, a.optional)
-    present = [(a, x) for a, x in zip(args, values, strict=True) if x is not None]
+        if x is None and a.optional:
+            continue
+        if not isinstance(x, torch.Tensor):
+            _expect_tensor(op, a.name, x, a.optional)
+        present.append((a, x))
     ref_arg, ref = next((a, x) for a, x in present if a.layout in ("BTHK", "BTHV"))
-    if ref.dim() != 4:
+    ref_shape = ref.shape
+    if len(ref_shape) != 4:
         raise ValueError(f"{op}: {ref_arg.name} must be {_LAYOUT_DIMS[ref_arg.layout]} (4 dims), "
                          f"got shape {_shape(ref)}")
-    B, T, H = ref.shape[:3]
+    B, T, H = ref_shape[0], ref_shape[1], ref_shape[2]
     sizes = {"B": B, "T": T, "H": H}
     owner = {"B": ref_arg.name, "T": ref_arg.name, "H": ref_arg.name}
     for a, x in present:
-        layout = a.layout
-        if x.dim() != len(layout):
+        layout, shape = a.layout, x.shape
+        if len(shape) != len(layout):
             raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[layout]} ({len(layout)} dims), "
                              f"got shape {_shape(x)}")
-        for letter, size in zip(layout, x.shape, strict=True):
-            if letter in sizes and sizes[letter] != size:
+        for letter, size in zip(layout, shape, strict=True):
+            known = sizes.get(letter)
+            if known is None:  # the first tensor with this letter sets its size
+                sizes[letter] = size
+                owner[letter] = a.name
+            elif known != size:
                 raise ValueError(f"{op}: {a.name} has {letter} = {size} (shape {_shape(x)}) but {owner[letter]} "
-                                 f"has {letter} = {sizes[letter]}; expected {a.name} {_LAYOUT_DIMS[layout]}")
-            sizes.setdefault(letter, size)
-            owner.setdefault(letter, a.name)
+                                 f"has {letter} = {known}; expected {a.name} {_LAYOUT_DIMS[layout]}")
     K, V = sizes.get("K"), sizes.get("V")
     for letter, size in (("K", K), ("V", V)):
         if size is not None and not 1 <= size <= MAX_HEAD_DIM:
@@ -109,13 +119,14 @@ def validate_call(
     dtype = ref.dtype
     device = ref.device
     for a, x in present:
-        if x.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{op}: {a.name} must be float16, bfloat16 or float32, got {x.dtype}")
+        x_dtype = x.dtype
+        if x_dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: {a.name} must be float16, bfloat16 or float32, got {x_dtype}")
         if a.gate:
-            if x.dtype not in (dtype, torch.float32):
-                raise TypeError(f"{op}: gate {a.name} must be float32 or {dtype} (the inputs' dtype), got {x.dtype}")
-        elif x.dtype != dtype:
-            raise TypeError(f"{op}: {a.name} is {x.dtype} but {ref_arg.name} is {dtype}; inputs must share one dtype")
+            if x_dtype != dtype and x_dtype != torch.float32:
+                raise TypeError(f"{op}: gate {a.name} must be float32 or {dtype} (the inputs' dtype), got {x_dtype}")
+        elif x_dtype != dtype:
+            raise TypeError(f"{op}: {a.name} is {x_dtype} but {ref_arg.name} is {dtype}; inputs must share one dtype")
         if x.device != device:
             raise ValueError(f"{op}: {a.name} is on {x.device} but {ref_arg.name} is on {device}; "
                              f"all tensors must be on one device")

@@ -764,7 +764,7 @@ def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indic
     h = k.new_empty(B, NT, H, K, V)
     v_new = torch.empty_like(u)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    delta_rule_fwd_h_kernel[(triton.cdiv(V, BV), N * H)](
+    delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
         k,
         w,
         u,
@@ -818,7 +818,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
-    delta_rule_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    delta_rule_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
         q,
         k,
         v_new,
@@ -866,7 +866,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     dh = q.new_empty(B, NT, H, K, V)
     dv_new = torch.empty_like(v)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    delta_rule_bwd_dh_kernel[(triton.cdiv(V, BV), N * H)](
+    delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
         q,
         k,
         w,

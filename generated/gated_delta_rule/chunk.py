@@ -875,7 +875,7 @@ def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_in
     h = k.new_empty(B, NT, H, K, V)
     v_new = torch.empty_like(u)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    gated_delta_rule_fwd_h_kernel[(triton.cdiv(V, BV), N * H)](
+    gated_delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
         k,
         w,
         u,
@@ -932,7 +932,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
-    gated_delta_rule_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    gated_delta_rule_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
         q,
         k,
         v_new,
@@ -983,7 +983,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     dh = q.new_empty(B, NT, H, K, V)
     dv_new = torch.empty_like(v)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    gated_delta_rule_bwd_dh_kernel[(triton.cdiv(V, BV), N * H)](
+    gated_delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
         q,
         k,
         w,

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -296,11 +297,11 @@ def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_sta
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     cfg = plan.config("recurrent_fwd")
     # the whole K dim in one block (the residual contracts over it); V split to bound registers
-    BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
+    BK = launch.next_power_of_2(K)
+    BV = min(cfg.block_v, launch.next_power_of_2(V))
     o = torch.empty_like(v)
     final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    gated_delta_rule_rope_recurrent_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+    gated_delta_rule_rope_recurrent_fwd_kernel[(launch.cdiv(V, BV), N * H)](
         q,
         k,
         v,
@@ -348,9 +349,9 @@ def fused_recurrent_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, 
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     cfg = plan.config("recurrent_bwd")
-    BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV)
+    BK = launch.next_power_of_2(K)
+    BV = min(cfg.block_v, launch.next_power_of_2(V))
+    NV = launch.cdiv(V, BV)
     use_g = g is not None
     # dq, dk, dbeta, dg sum over V: fp32 partials per V block when V is split, else written in place
     f32 = torch.float32

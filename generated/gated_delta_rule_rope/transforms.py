@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_gen.runtime.launch import row_tile, tile_of_one_token
+from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile, tile_of_one_token
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 
 _TARGETS = ['q', 'k', 'g', 'beta']
@@ -162,10 +162,10 @@ def _geometry(targets):
     B, T, H = targets[0].shape[:3]
     K = targets[0].shape[-1]
     V = 1
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
     rows = B * T * H
     BR, warps = row_tile(rows, max(BK, BV))
-    return rows, H, K, V, BK, BV, (triton.cdiv(rows, BR),), BR, warps
+    return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
 class GatedDeltaRuleRopeTransforms(torch.autograd.Function):

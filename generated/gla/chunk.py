@@ -497,7 +497,7 @@ def gla_bwd_dqkg_kernel(
 
 def _tile(block: int, dim: int) -> int:
     """A plan's tile clamped to the padded head dim."""
-    return min(block, triton.next_power_of_2(dim))
+    return min(block, launch.next_power_of_2(dim))
 
 
 def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
@@ -507,7 +507,7 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
     cfg = plan.config("cumsum")
     BK = _tile(cfg.block_k, K)
     G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
+    grid = (launch.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
     gla_cumsum_kernel[grid](
         g, G, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BK=BK, USE_G=g is not None,
@@ -529,7 +529,7 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     h = k.new_empty(B, launch.num_chunks(T, BT, chunk_indices), H, K, V)
     ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
+    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
     gla_fwd_h_kernel[grid](
         k, v, G, h, initial_state, ht, cu_seqlens, chunk_offsets, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
@@ -570,7 +570,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
     A = q.new_empty(B, T, H, BT)
-    gla_fwd_A_kernel[(triton.cdiv(BT, BC), NT, B * H)](
+    gla_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
         q, k, G, A, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -578,7 +578,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
-    gla_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    gla_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
         q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -616,7 +616,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     dh = torch.empty_like(h)
     dh0 = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if initial_state is not None else None
-    gla_bwd_dh_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)](
+    gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)](
         q, G, do, dh, None if dht is None else dht.contiguous(), dh0, cu_seqlens, chunk_offsets, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
@@ -639,7 +639,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     # the intra-chunk parts of dq and dk, fp32, finished by bwd_dqkg
     dq_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    gla_bwd_dqk_intra_kernel[(triton.cdiv(K, BK) * triton.cdiv(BT, BC), NT, B * H)](
+    gla_bwd_dqk_intra_kernel[(launch.cdiv(K, BK) * launch.cdiv(BT, BC), NT, B * H)](
         q, k, G, dA, dq_intra, dk_intra, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BC=BC, BK=BK, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -647,7 +647,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     cfg = plan.config("bwd_dqkg")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
-    NK = triton.cdiv(K, BK)
+    NK = launch.cdiv(K, BK)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dg = torch.empty_like(g) if g is not None else None

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -254,9 +255,9 @@ def fused_recurrent_fwd(
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_fwd")
     # The whole K dim in one block (no cross-program sum for o); V is split to bound registers.
-    BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV)
+    BK = launch.next_power_of_2(K)
+    BV = min(cfg.block_v, launch.next_power_of_2(V))
+    NV = launch.cdiv(V, BV)
 
     o = torch.empty_like(v)
     final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -317,9 +318,9 @@ def fused_recurrent_bwd(
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_bwd")
-    BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV)
+    BK = launch.next_power_of_2(K)
+    BV = min(cfg.block_v, launch.next_power_of_2(V))
+    NV = launch.cdiv(V, BV)
     use_g = g is not None
 
     # dq, dk sum over V: one fp32 partial per V-block when V is split, else written in place.

@@ -758,7 +758,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     h = qg.new_empty(B, NT, H, K, V) if states else None
     u = torch.empty_like(v) if states else None
     final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    rwkv7_fwd_h_kernel[(triton.cdiv(V, BV), N * H)](
+    rwkv7_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
         v,
         g,
         qg,
@@ -850,7 +850,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     dh = torch.empty_like(h)
     du = torch.empty_like(v)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
-    rwkv7_bwd_dh_kernel[(triton.cdiv(V, BV), N * H)](
+    rwkv7_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
         g,
         qg,
         bg,
@@ -882,7 +882,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     cfg = plan.config("bwd_dv")
     BV = launch.dot_tile(cfg.block_v, V)
     dv = torch.empty_like(v)
-    rwkv7_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    rwkv7_bwd_dv_kernel[(launch.cdiv(V, BV), NT, B * H)](
         kg,
         M,
         Aqk,

@@ -479,7 +479,7 @@ def _chunk_fwd_h(
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     h = k.new_empty(B, NT, H, K, V)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
+    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
     simple_gla_fwd_h_kernel[grid](
         k,
         v,
@@ -559,7 +559,7 @@ def chunk_fwd(
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
-    grid = (triton.cdiv(V, BV), NT, B * H)
+    grid = (launch.cdiv(V, BV), NT, B * H)
     simple_gla_fwd_o_kernel[grid](
         q,
         k,
@@ -637,7 +637,7 @@ def chunk_bwd(
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dh = q.new_empty(B, NT, H, K, V)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
+    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
     simple_gla_bwd_dh_kernel[grid](
         q,
         do,
