@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import importlib
+import importlib.util
 import pstats
 import sys
 import time
@@ -60,7 +61,7 @@ def _callable(op: str, mode: str):
     """A zero-argument function running one call of ``op`` in ``mode``."""
     kind = "fused_recurrent" if mode == "decode" else "chunk"
     _stub_kernels(importlib.import_module(f"generated.{op}.{kind}"))
-    if op == "gated_delta_rule_rope":  # its transforms launch kernels too
+    if importlib.util.find_spec(f"generated.{op}.transforms"):  # a spec's transforms launch kernels too
         _stub_kernels(importlib.import_module(f"generated.{op}.transforms"))
     fn = getattr(importlib.import_module(f"generated.{op}"), f"{kind}_{op}")
     if mode == "decode":
