@@ -30,6 +30,12 @@ every worker, so a run killed from outside still leaves its JSON. The whole run 
 
 ``--fla-jobs N`` runs fla's first calls (compile + autotune: minutes) N at a time, then times
 each one alone from its warmed cache; first-call seconds measured that way are marked '*'.
+``--autotune-cache DIR`` keeps fla's autotune results across device calls: fla-core caches each
+kernel's chosen config as ``<hash>/<kernel>.autotune.json`` in the Triton cache (its default
+``cache_results``; the hash covers Triton, the GPU, the kernel source and the tuning key). fla workers'
+cache dirs are seeded from DIR, and every result file of the run is copied back into DIR at the end, so
+a later call (DIR carried to the device) compiles only the chosen configs instead of autotuning for
+minutes. fla's first-call seconds from a seeded cache exclude the autotune: the report says so.
 ``--fake`` replaces every op by a CPU stand-in to exercise this script without a GPU.
 """
 
@@ -39,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -324,6 +331,8 @@ class Runner:
         env["TRITON_CACHE_DIR"] = str(cache_dir)
         env["PYTHONUNBUFFERED"] = "1"
         cache_dir.mkdir(parents=True, exist_ok=True)
+        if spec.get("lib") == "fla" and self.args.autotune_cache:
+            copy_autotune_results(Path(self.args.autotune_cache), cache_dir)
         log = open(self.workdir / "log" / (spec["tag"] + ".log"), "a")  # noqa: SIM115
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -399,6 +408,19 @@ class Runner:
         return [r if r is not None else {"skipped": "budget"} for r in results]
 
 
+def copy_autotune_results(src: Path, dst: Path) -> int:
+    """Copy every Triton autotune result file (``<hash>/<kernel>.autotune.json``) found under src into
+    dst, keeping the hash directory; returns how many were copied (0 when src does not exist)."""
+    n = 0
+    for f in sorted(src.glob("**/*.autotune.json")) if src.is_dir() else []:
+        target = dst / f.parent.name / f.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
+            n += 1
+    return n
+
+
 def compare_saved(ours: dict, fla: dict) -> dict:
     """Relative errors ours vs fla from the tensors both workers saved (CPU, float64)."""
     import torch
@@ -432,6 +454,8 @@ def run(args) -> dict:
         "seed": seed, "device": device, "fake": args.fake, "quick": args.quick,
         "g_gamma": args.g_gamma, "dtype": args.dtype or "bfloat16", "first_call": not args.skip_first_call,
         "fla_jobs": args.fla_jobs,
+        "autotune_cache_seeded": (len(list(Path(args.autotune_cache).glob("**/*.autotune.json")))
+                                  if args.autotune_cache and Path(args.autotune_cache).is_dir() else 0),
         "workdir": str(r.workdir), "versions": _versions(), "baseline": {}, "rows": [], "notes": [],
     }
 
@@ -527,6 +551,11 @@ def run(args) -> dict:
         report["notes"].append(f"run stopped early: {e}")
     finally:
         r.kill_all()
+        if args.autotune_cache:
+            report["autotune_cache_added"] = copy_autotune_results(r.workdir / "cache", Path(args.autotune_cache))
+            if report["autotune_cache_seeded"]:
+                report["notes"].append(f"fla autotune results seeded from {args.autotune_cache} "
+                                       f"({report['autotune_cache_seeded']} files): fla first calls exclude autotune")
         # 3. compare and summarise
         for (_op, _shape, _mode), d in rows.items():
             if "ours" in d and "fla" in d:
@@ -779,6 +808,9 @@ def parse_args(argv=None):
                         "the DPLR inputs of _ops.py have gates >= -0.6065")
     p.add_argument("--fla-jobs", type=int, default=1,
                    help="run fla's first calls (compile + autotune) this many at a time, then time alone")
+    p.add_argument("--autotune-cache", default=None, metavar="DIR",
+                   help="seed fla workers' Triton caches with the autotune results in DIR and copy this run's "
+                        "results back into it (carry DIR between device calls)")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per worker process")
     p.add_argument("--budget-s", type=float, default=1e9, help="wall budget for the whole run")
     p.add_argument("--seed", type=int, default=None, help="default: fresh random")

@@ -8,6 +8,9 @@
 #   benchmarks/bench_transforms.py with TRANSFORMS_ARGS, run second)
 #   CHECK_S=120 (gpu_check wall limit)   BENCH_S=450 (bench_ops wall limit); keep their sum <= ~570
 #   FLA_JOBS=3 (fla first calls = compile + autotune, run 3 at a time: ~5 min instead of ~8)
+#   FLA_AUTOTUNE=.fla_autotune (fla's autotune results: seeded from this dir, this run's added to it and
+#   returned as $OUT/fla_autotune.tgz; unpack it into .fla_autotune here and carry [".whl", ".fla_autotune"]
+#   so the next call skips fla's minutes of autotune; see bench_ops.py --autotune-cache)
 #   LIBS=sdpa,ours,fla   CHECK_ARGS=... BENCH_ARGS=... (extra flags, e.g. BENCH_ARGS=--quick)
 # Writes under $OUT (at most 8 files come back): device_run.log, check.json, check_table.txt,
 # bench.json, bench_table.txt.
@@ -24,6 +27,7 @@ CHECK_S=${CHECK_S:-120}
 BENCH_S=${BENCH_S:-450}
 FLA_JOBS=${FLA_JOBS:-3}
 LIBS=${LIBS:-sdpa,ours,fla}
+FLA_AUTOTUNE=${FLA_AUTOTUNE:-.fla_autotune}
 T0=$SECONDS
 
 {
@@ -95,9 +99,11 @@ if [[ " $STAGES " == *" bench "* ]]; then
   echo "== bench_ops (limit ${BENCH_S}s) at $((SECONDS - T0))s" | tee -a "$LOG"
   # shellcheck disable=SC2086
   timeout -k 15 "$BENCH_S" python3 benchmarks/bench_ops.py --ops "$OPS" --shapes "$SHAPES" --libs "$LIBS" \
-    --fla-jobs "$FLA_JOBS" --budget-s $((BENCH_S - 30)) --timeout 400 \
+    --fla-jobs "$FLA_JOBS" --budget-s $((BENCH_S - 30)) --timeout 400 --autotune-cache "$FLA_AUTOTUNE" \
     --out "$OUT/bench.json" --table "$OUT/bench_table.txt" $BENCH_ARGS 2>&1 | tee -a "$LOG"
   rc_bench=$?
+  tar czf "$OUT/fla_autotune.tgz" -C "$FLA_AUTOTUNE" . 2>/dev/null \
+    && echo "fla autotune results: $(find "$FLA_AUTOTUNE" -name '*.autotune.json' | wc -l) files -> fla_autotune.tgz" | tee -a "$LOG"
 fi
 
 {
