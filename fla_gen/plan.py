@@ -80,7 +80,8 @@ class KernelShape:
     # Archs where a kernel that loops over V tiles around a once-built [BT, BT] product takes one V tile
     # up to 128 wide instead (no V loop). Measured on the H100: gla fwd 1.505 -> 1.327 ms, fwd+bwd 4.43 -> 4.14.
     wide_v: tuple[str, ...] = ()
-    # Builds [BT, BT, BK] tiles of pairwise decays entry by entry (no dot, nothing to pipeline).
+    # Builds [BT, BT, BK] tiles of pairwise decays entry by entry where the gates are strong (no dot,
+    # nothing to pipeline), else [BT, BK] factor tiles for small dots: 16-wide K blocks either way.
     pair_tiles: bool = False
     # (num_warps, block_v or 0, reason) for the bounded-gate plan (Algorithm.bounded_chunk_size), measured.
     bounded: tuple[int, int, str] | None = None
@@ -200,8 +201,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT")))),
                   chunked=True),
-        # General rank-1 (DPLR): 16-token chunks whose pairwise decays are built entry by entry, so no
-        # exp factor can overflow; the output is fused into the sequential state walk (fwd_h). With a gate
+        # General rank-1 (DPLR): 16-token chunks whose pairwise decays are dots of exp factors where the
+        # gates keep them finite (checked per K block at run time), else built entry by entry; the output
+        # is fused into the sequential state walk (fwd_h). With a gate
         # lower bound: 32-token chunks whose pairwise decays are tensor-core dots (bounded_chunk_size).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
                   (KernelShape("fwd_intra", (), pair_tiles=True, warps=_DPLR_INTRA_WARPS, bounded=_DPLR_BOUNDED_INTRA),
@@ -332,8 +334,10 @@ def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
     if rec.family == "general_rank1":
-        return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are built entry by "
-                    "entry in [16, 16, BK] register tiles (never as exp(G_t) exp(-G_s), which can overflow)")
+        return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots "
+                    "of factors around the middle row on every K block whose gates move at most "
+                    "launch.factor_span inside the chunk (checked at run time), else built entry by entry in "
+                    "[16, 16, BK] register tiles (never a factor that can overflow)")
     if rec.decay_kind == "channel":
         return 64, "64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1"
     return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
@@ -401,8 +405,8 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                                               f"fp32 factor tiles: at 32 wide bwd_dqk spills ~100 B, fla-gen aot); "
                                               f"{warps_why}")
     if shape.pair_tiles:
-        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks of entry-wise [BT, BT, 16] fp32 decay tiles, "
-                                              f"nothing to pipeline; {warps_why}")
+        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise "
+                                              f"[BT, BT, 16] fp32 decay tiles under strong gates; {warps_why}")
     if not shape.pipelined:
         if shape.stage.startswith("recurrent"):
             # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and

@@ -124,3 +124,28 @@ def test_gla_strong_gates(dtype, B, T, K, cu_seqlens):
     result = compare_with_reference(pkg.chunk_gla, pkg.gla_reference, {**x, "initial_state": torch.randn(N, H, K, V)},
                                     dtype, name="chunk_gla", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
+
+
+@pytest.mark.parametrize(("dtype", "B", "T", "cu_seqlens"), [
+    (torch.float32, 1, 120, [0, 37, 37, 120]),
+    (torch.float16, 2, 70, None),
+], ids=["fp32-varlen", "fp16-dense"])
+def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens):
+    """chunk_dplr's default plan takes each K block of a chunk through tensor-core dots of exp factors when
+    its gates move at most launch.factor_span (30) inside the chunk, else entry by entry. Per-channel gate
+    strengths from x 0.05 to x 40 of logsigmoid(N(0, 1)) over K = 64 (four 16-wide blocks): the first
+    block's chunks span ~2 and take the dots, the last block's ~200-500 and take the entry-wise path (a
+    factor about the middle row would overflow there), the middle ones vary by chunk. A factor taken where
+    it overflows gives inf or NaN, and a block that lost its channels or added them twice shows up against
+    the float64 reference."""
+    H, K, V = 2, 64, 24
+    pkg, rec = generated("dplr"), recurrence("dplr")
+    x = sample_inputs(rec, B, T, H, K, V, dtype, seed=21)
+    strength = torch.logspace(math.log10(0.05), math.log10(40.0), K)
+    x["gk"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(22))) * strength
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    result = compare_with_reference(pkg.chunk_dplr_delta_rule, pkg.dplr_delta_rule_reference,
+                                    {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
+                                    name="chunk_dplr_delta_rule", guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors

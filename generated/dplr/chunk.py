@@ -57,12 +57,14 @@ def dplr_delta_rule_fwd_intra_kernel(
     FACTORED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FACTOR_SPAN: tl.constexpr,
 ):
     # One program per (chunk, batch * head). Two passes over K blocks: the first accumulates the four
     # [BT, BT] A matrices and stores qg, kg, bg; then P = (I - A_ab)^{-1} by forward substitution; the
-    # second pass forms W = P ag block by block. The A matrices are built entry by entry (a [BT, BT, BK]
-    # tile of decays; BT = 16) or, with FACTORED (a gate lower bound keeps every factor finite), as
-    # tensor-core dots of x exp(Gx - G_m) and y exp(G_m - G) around the chunk's middle row m.
+    # second pass forms W = P ag block by block. The A matrices are tensor-core dots of x exp(Gx - G_m)
+    # and y exp(G_m - G) around the chunk's middle row m where every factor is known to be finite
+    # (FACTORED: a gate lower bound; else per K block, gates moving at most FACTOR_SPAN), else entry by
+    # entry (a [BT, BT, BK] tile of decays; BT = 16).
     # The [BT, BT] products of the inverse are tiny: fp32 "ieee" dots keep them exact to fp32.
     tl.static_assert(FACTORED or BT == 16, "chunk_dplr: the entry-wise decay tiles are sized for 16-token chunks")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -121,25 +123,44 @@ def dplr_delta_rule_fwd_intra_kernel(
             b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
             b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
         else:
-            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
-            b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
-            b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
-            b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
+            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
+            if b_span <= FACTOR_SPAN:
+                # k and b loaded transposed ([BK, BT]) for the dots, with their gate cumsum along axis 1
+                o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
+                m_kt = (o_k < K)[:, None] & m_t[None, :]
+                b_kT = tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32)
+                b_bT = tl.load(b + o_kt, mask=m_kt, other=0.).to(tl.float32)
+                b_GT = tl.zeros([BK, BT], dtype=tl.float32)
+                if USE_G:
+                    b_GT = tl.cumsum(tl.load(g + o_kt, mask=m_kt, other=0.).to(tl.float32), axis=1)
+                b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+                b_GmT = tl.sum(tl.where(o_i[None, :] == BT // 2, b_GT, 0.), axis=1)
+                b_qf = b_q * tl.exp(b_G - b_Gm[None, :])
+                b_af = b_a * tl.exp(b_Gx - b_Gm[None, :])
+                b_up = tl.exp(b_GmT[:, None] - b_GT)
+                b_Aqk = tl.dot(b_qf, b_kT * b_up, b_Aqk, input_precision=DOT_PRECISION)
+                b_Aqb = tl.dot(b_qf, b_bT * b_up, b_Aqb, input_precision=DOT_PRECISION)
+                b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
+                b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
+            else:
+                m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+                m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+                b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
+                b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
+                b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
+                b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
         # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
         b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
         tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
         tl.store(kg + o_tk, (b_k * b_decay_to_end).to(kg.dtype.element_ty), mask=m_tk)
         tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
-    if FACTORED:
-        # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
-        b_Aqk = tl.where(o_i[:, None] >= o_i[None, :], b_Aqk, 0.)
-        b_Aqb = tl.where(o_i[:, None] >= o_i[None, :], b_Aqb, 0.)
-        b_Aak = tl.where(o_i[:, None] > o_i[None, :], b_Aak, 0.)
-        b_Aab = tl.where(o_i[:, None] > o_i[None, :], b_Aab, 0.)
+    # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
+    b_Aqk = tl.where(o_i[:, None] >= o_i[None, :], b_Aqk, 0.)
+    b_Aqb = tl.where(o_i[:, None] >= o_i[None, :], b_Aqb, 0.)
+    b_Aak = tl.where(o_i[:, None] > o_i[None, :], b_Aak, 0.)
+    b_Aab = tl.where(o_i[:, None] > o_i[None, :], b_Aab, 0.)
     # P = (I - A_ab)^{-1}: row t of P is e_t + sum_{s < t} A_ab[t, s] P[s, :]
     b_P = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
     for i in range(1, BT):
@@ -571,6 +592,7 @@ def dplr_delta_rule_bwd_dqk_kernel(
     FACTORED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FACTOR_SPAN: tl.constexpr,
 ):
     # One program per (chunk, batch * head), looping over K blocks: everything here is entry-wise in the
     # key channel, so K blocks are independent once the [BT, BT] matrices are loaded. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
@@ -605,16 +627,10 @@ def dplr_delta_rule_bwd_dqk_kernel(
     b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
     # P^T, loaded transposed (element (t, r) is P[r, t]), for dag = P^T dW
     b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
-    if FACTORED:
-        b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
-        b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
-        b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
-        b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
-    else:
-        b_dAqk3 = b_dAqk[:, :, None]
-        b_dAqb3 = b_dAqb[:, :, None]
-        b_dAak3 = b_dAak[:, :, None]
-        b_dAab3 = b_dAab[:, :, None]
+    b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
+    b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
+    b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
+    b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k < K)[None, :]
@@ -630,7 +646,8 @@ def dplr_delta_rule_bwd_dqk_kernel(
         b_G = tl.cumsum(b_g, axis=0)
         b_Gx = b_G - b_g
         b_GL = tl.sum(b_g, axis=0)
-        # the A-matrix parts, x side (indexed by t) and y side (indexed by s)
+        # the A-matrix parts, x side (indexed by t) and y side (indexed by s): dots where the factors are
+        # finite (the test of fwd_intra, on the same block), else entry by entry
         if FACTORED:
             # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
             b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
@@ -650,14 +667,34 @@ def dplr_delta_rule_bwd_dqk_kernel(
             b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
                                   input_precision=DOT_PRECISION)
         else:
-            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_dqA = tl.sum((b_dAqk3 * b_k[None, :, :] + b_dAqb3 * b_b[None, :, :]) * b_Ein, axis=1)
-            b_daA = tl.sum((b_dAak3 * b_k[None, :, :] + b_dAab3 * b_b[None, :, :]) * b_Est, axis=1)
-            b_dkA = tl.sum(b_dAqk3 * b_q[:, None, :] * b_Ein + b_dAak3 * b_a[:, None, :] * b_Est, axis=0)
-            b_dbA = tl.sum(b_dAqb3 * b_q[:, None, :] * b_Ein + b_dAab3 * b_a[:, None, :] * b_Est, axis=0)
+            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
+            if b_span <= FACTOR_SPAN:
+                # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
+                b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+                b_down = tl.exp(b_G - b_Gm[None, :])
+                b_downx = tl.exp(b_Gx - b_Gm[None, :])
+                b_up = tl.exp(b_Gm[None, :] - b_G)
+                b_kf = b_k * b_up
+                b_bf = b_b * b_up
+                b_qf = b_q * b_down
+                b_af = b_a * b_downx
+                b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
+                                        input_precision=DOT_PRECISION)
+                b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
+                                         input_precision=DOT_PRECISION)
+                b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
+                                      input_precision=DOT_PRECISION)
+                b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
+                                      input_precision=DOT_PRECISION)
+            else:
+                m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+                m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+                b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
+                b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
+                b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
+                b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
         # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
         b_eG = tl.exp(b_G)
         b_eGx = tl.exp(b_Gx)
@@ -731,6 +768,8 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
         FACTORED=plan.gate_bound is not None,
         IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(q.dtype),
+        # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
+        FACTOR_SPAN=launch.factor_span(torch.float32),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -980,6 +1019,8 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         FACTORED=plan.gate_bound is not None,
         IS_VARLEN=is_varlen,
         DOT_PRECISION=launch.dot_precision(q.dtype),
+        # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
+        FACTOR_SPAN=launch.factor_span(torch.float32),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
