@@ -118,8 +118,12 @@ def seed_for(seed: int, *parts) -> int:
 
 
 def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = False,
-                gate_dtype=None, requires_grad: bool = True):
+                gate_dtype=None, requires_grad: bool = True, gate_scale: float = 1.0):
     """Fresh random inputs, identical in every process for the same seed and device.
+
+    ``gate_scale`` multiplies every per-token log gate (g, gk, w): e.g. 100 makes a 16-token chunk's
+    gates move by hundreds, which sends the DPLR kernels down their entry-wise path (a timing A/B of
+    the same kernels on the same shapes).
 
     Returns (names, args, kwargs): positional tensors in fla's order and keyword tensors
     (``g_gamma`` for simple_gla with --g-gamma). Tensors that take gradients are leaves.
@@ -147,11 +151,11 @@ def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = Fal
             if op.name == "simple_gla" and g_gamma:
                 continue
             gshape = (B, T, H, K) if op.name == "gla" else (B, T, H)
-            tensors[n] = (F.logsigmoid(randn(*gshape)) / GATE_TEMPERATURE).to(gate_dtype)
+            tensors[n] = (gate_scale * F.logsigmoid(randn(*gshape)) / GATE_TEMPERATURE).to(gate_dtype)
         elif n == "beta":
             tensors[n] = torch.sigmoid(randn(B, T, H))
         elif n in ("gk", "w"):
-            tensors[n] = (-math.exp(-0.5) * torch.sigmoid(randn(B, T, H, K))).to(gate_dtype)
+            tensors[n] = (-gate_scale * math.exp(-0.5) * torch.sigmoid(randn(B, T, H, K))).to(gate_dtype)
         elif n == "a":
             kk = F.normalize(randn(B, T, H, K), p=2, dim=-1)
             tensors["a"] = -kk

@@ -181,7 +181,8 @@ def worker_op(spec: dict) -> None:
     B, T, H, K, V = shape
     dtype = _dtype(spec)
     seed = _ops.seed_for(spec["seed"], op.name, spec["shape"], spec["g_gamma"])
-    names, args, kwargs = _ops.make_inputs(op, shape, dtype, device, seed, g_gamma=spec["g_gamma"])
+    names, args, kwargs = _ops.make_inputs(op, shape, dtype, device, seed, g_gamma=spec["g_gamma"],
+                                           gate_scale=spec.get("gate_scale", 1.0))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 1)
     do = torch.randn(B, T, H, V, generator=gen, device=device, dtype=torch.float32).to(dtype)
@@ -452,7 +453,8 @@ def run(args) -> dict:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "seed": seed, "device": device, "fake": args.fake, "quick": args.quick,
-        "g_gamma": args.g_gamma, "dtype": args.dtype or "bfloat16", "first_call": not args.skip_first_call,
+        "g_gamma": args.g_gamma, "gate_scale": args.gate_scale,
+        "dtype": args.dtype or "bfloat16", "first_call": not args.skip_first_call,
         "fla_jobs": args.fla_jobs,
         "autotune_cache_seeded": (len(list(Path(args.autotune_cache).glob("**/*.autotune.json")))
                                   if args.autotune_cache and Path(args.autotune_cache).is_dir() else 0),
@@ -475,7 +477,7 @@ def run(args) -> dict:
             "kind": "op", "lib": lib, "op": op, "mode": mode, "shape": _ops.shape_str(shape),
             "shape_t": list(shape), "seed": seed, "g_gamma": args.g_gamma, "quick": args.quick,
             "fake": args.fake, "device": device, "first_call": first_call, "measure": measure,
-            "dtype": args.dtype, "gate_lower_bound": args.gate_lower_bound,
+            "dtype": args.dtype, "gate_lower_bound": args.gate_lower_bound, "gate_scale": args.gate_scale,
             "ref_slice": not args.no_ref_slice, "tag": tag,
             "result": str(r.workdir / "res" / f"{tag}.json"),
             "save": str(r.workdir / "tensors" / f"{tag}.pt") if {"ours", "fla"} <= set(libs) else None,
@@ -806,6 +808,8 @@ def parse_args(argv=None):
     p.add_argument("--gate-lower-bound", type=float, default=None,
                    help="pass this gate bound (ours: gate_lower_bound, fla: lower_bound) where the op takes one; "
                         "the DPLR inputs of _ops.py have gates >= -0.6065")
+    p.add_argument("--gate-scale", type=float, default=1.0,
+                   help="multiply every per-token log gate (_ops.make_inputs): a timing A/B of gate-dependent paths")
     p.add_argument("--fla-jobs", type=int, default=1,
                    help="run fla's first calls (compile + autotune) this many at a time, then time alone")
     p.add_argument("--autotune-cache", default=None, metavar="DIR",
