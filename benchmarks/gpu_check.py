@@ -145,7 +145,7 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
 
     # ---- fwd at the full shape
     names, a, kwargs = _ops.make_inputs(op, (B, T, H, K, V), dtype, device, seed, g_gamma=args.g_gamma,
-                                        requires_grad=False)
+                                        requires_grad=False, gate_scale=args.gate_scale)
     h0, _ = states(B, seed + 1)
     shapes = {"o": (B, T, H, V), "ht": (B, H, K, V)}
     t0 = time.perf_counter()
@@ -178,7 +178,8 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
                 cu = torch.tensor(cuts, dtype=torch.int32, device=device)
             N = Bc if cu is None else len(cu) - 1
             names, a, kwargs = _ops.make_inputs(op, (Bc, Tc, H, K, V), dtype, device, seed + 7 + len(case),
-                                                g_gamma=args.g_gamma, requires_grad=False)
+                                                g_gamma=args.g_gamma, requires_grad=False,
+                                                gate_scale=args.gate_scale)
             h0, gen = states(N, seed + 11 + len(case))
             do = torch.randn(Bc, Tc, H, V, generator=gen, device=device)
             dht = torch.randn(N, H, K, V, generator=gen, device=device)
@@ -267,6 +268,8 @@ def parse_args(argv=None):
     p.add_argument("--threshold", type=float, default=1e-2)
     p.add_argument("--ref-dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--g-gamma", action="store_true", help="simple_gla with g_gamma instead of g")
+    p.add_argument("--gate-scale", type=float, default=1.0,
+                   help="multiply every per-token log gate (_ops.make_inputs), e.g. to reach strong-gate paths")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--budget-s", type=float, default=1e9, help="skip what starts after this many seconds")
     p.add_argument("--out", default=None)
