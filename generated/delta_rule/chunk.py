@@ -815,6 +815,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _ = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
     h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del w, u  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -858,8 +859,11 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
+    # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
     w, u, Ai, dv_local = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan)
     h, v_new, _ = _chunk_h(k, w, u, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del u
 
     cfg = plan.config("bwd_dh")
     BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
@@ -892,6 +896,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    del w, dv_local
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -923,6 +928,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    del h, dh, v_new
 
     cfg = plan.config("bwd_wy")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

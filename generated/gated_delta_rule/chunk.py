@@ -929,6 +929,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _ = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
     h, v_new, final_state = _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del w, u  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -975,8 +976,11 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
+    # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
     w, u, Ai, dv_local = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan)
     h, v_new, _ = _chunk_h(k, w, u, g, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del u
 
     cfg = plan.config("bwd_dh")
     BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
@@ -1011,6 +1015,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    del w, dv_local
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1046,6 +1051,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    del h, dh, v_new
 
     cfg = plan.config("bwd_wy")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
