@@ -49,6 +49,11 @@ _DELTA_FWD_WU_2_WARPS = (
     "4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, "
     "benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel {kernels}, forward {forwards}")
 
+_DPLR_FACTORED = (
+    "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block "
+    "takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk "
+    "(benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): {times}")
+
 TUNED: tuple[TunedPlan, ...] = (
     # The wide-V experiment of benchmarks/RESULTS.md: it agrees with plan.py's wide_v rule, and pins
     # the measured reason to the one target it was measured on. Its fwd_o entry went with the kernel it
@@ -60,6 +65,15 @@ TUNED: tuple[TunedPlan, ...] = (
     TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 64, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
         kernels="0.559 -> 0.357 ms (gated_delta_rule 8x2048x32x64), 0.501 -> 0.323 (delta_rule)",
         forwards="0.855 -> 0.654 and 0.762 -> 0.585 ms")),
+    # The any-gate DPLR plan's two pairwise kernels, once they took the factored dots (their 8 / 4 warps
+    # had been measured on the entry-wise path); strong gates still run the entry-wise path with these.
+    TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 128, 16, 16, 2, 1, _DPLR_FACTORED.format(
+        what="2 warps: [16, 16] dots and a 16-step forward substitution",
+        times="kernel 3.27 ms at 8 warps, 2.14 at 4, 1.24 at 2; forward 4.08 -> 2.12 ms")),
+    TunedPlan("sm90", "chunk_dplr", "bwd_dqk", "bf16", 128, 32, 32, 4, 1, _DPLR_FACTORED.format(
+        what="32-wide K blocks, 4 warps: half the K-loop trips",
+        times="kernel 3.69 ms at BK 16 / 4 warps, 5.16 at 8 warps, 9.11 at 2, 2.19 at BK 32 / 4 warps; "
+              "forward+backward 11.21 -> 9.64 ms")),
 )
 
 
