@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peak memory of one forward+backward of a generated chunk op, measured on the CPU.
 
-    python benchmarks/peak_memory_model.py [op ...] [--shape 1x256x2x128] [--dtype fp16]
+    python benchmarks/peak_memory_model.py [op ...] [--shape 1x256x2x128] [--dtype fp16] [--arch sm90]
         [--stub-kernels] [--scale-to 4x4096x16x128] [--live]
 
 What it counts: every byte that torch's CPU allocator hands out during ``o, _ = chunk_<op>(...);
@@ -25,7 +25,13 @@ numbers are the GPU's:
 Units: one [B, T, H, K] input tensor (B*T*H*K elements of the input dtype). Buffers whose size does
 not scale with B*T*H (final states, chunk tables) are tiny; the chunk states h and dh are
 [B, T/BT, H, K, V], i.e. V/BT input tensors each, so use the target's K, V and chunk size (and a T
-that is a multiple of it) when scaling to MB at a target shape.
+that is a multiple of it) when scaling to MB at a target shape. ``--arch`` picks whose plans run
+(default sm90's, the H100's): the chunk size, hence the size of the chunk states, may differ by arch.
+
+Checked against bench_ops.py's H100 ``peak_mb`` (4x4096x16x128 bf16, --stub-kernels, on the code those
+runs measured, results/2026-11-23_h100_bench_{delta,gated}.json): chunk_delta_rule 1377.0 MiB (measured
+1377.5), gated_delta_rule 1380.0 (1379.5), linear_attn 768.0 (768.5), simple_gla 770.0 (769.5); at
+8x2048x32x64 chunk_delta_rule 1282.0 (RESULTS.md: 1282).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from fla_gen.canonical import Recurrence, canonicalize  # noqa: E402
 from fla_gen.check import check_spec  # noqa: E402
 from fla_gen.parse import read_spec  # noqa: E402
+from fla_gen.runtime.dispatch import forced_arch  # noqa: E402
 from fla_gen.sample import sample_inputs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -93,6 +100,7 @@ class PeakReport:
     op: str
     shape: tuple[int, int, int, int, int]
     dtype: torch.dtype
+    arch: str  # whose plan ran
     chunk_size: int
     unit: int
     base: int  # inputs and do, alive before the call
@@ -213,12 +221,13 @@ def traced(fn: Callable[[], None]) -> tuple[list[MemEvent], list[Span]]:
 
 
 def measure(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype = torch.float16, *,
-            stub_kernels: bool = False, seed: int = 0, warmup: bool = True) -> PeakReport:
+            arch: str | None = None, stub_kernels: bool = False, seed: int = 0, warmup: bool = True) -> PeakReport:
     """Peak bytes of ``o, _ = chunk_<op>(*inputs); o.backward(do)`` with every input a leaf.
 
     Inputs are fla_gen.sample's (gates float32, the rest ``dtype``), q, k: [B, T, H, K],
-    v: [B, T, H, V]; ``do``: [B, T, H, V]. As bench_ops.py, one warm-up call first (caches that a
-    first call fills do not count), then the gradients are reset to None.
+    v: [B, T, H, V]; ``do``: [B, T, H, V]. ``arch`` selects that GPU's plans (chunk sizes, hence the
+    size of the chunk states, may differ by arch); None: the CPU's (sm80's). As bench_ops.py, one
+    warm-up call first (caches that a first call fills do not count), then the gradients are reset.
     """
     rec = recurrence(op)
     fn = getattr(importlib.import_module(f"generated.{op}"), f"chunk_{rec.spec.op}")
@@ -233,18 +242,18 @@ def measure(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype 
             o.backward(do)
 
     gc.collect()
-    with kernel_launches(stub_kernels):
+    with kernel_launches(stub_kernels), forced_arch(arch) if arch else contextlib.nullcontext():
         if warmup:
             forward_backward()
         for t in leaves:
             t.grad = None
         events, spans = traced(forward_backward)
+        package = importlib.import_module(f"generated.{op}.chunk")
+        plan = package.select_plan(package.CHUNK_PLANS, torch.device("cpu"), dtype, max(K, V))
     phases = {s.name: s for s in spans if not s.name.startswith(_KERNEL_TAG)}
     peak, live = live_peak(events)
-    package = importlib.import_module(f"generated.{op}.chunk")
-    plan = package.select_plan(package.CHUNK_PLANS, torch.device("cpu"), dtype, max(K, V))
     return PeakReport(
-        op=op, shape=(B, T, H, K, V), dtype=dtype, chunk_size=plan.chunk_size,
+        op=op, shape=(B, T, H, K, V), dtype=dtype, arch=plan.arch, chunk_size=plan.chunk_size,
         unit=B * T * H * K * dtype.itemsize,
         base=sum(t.numel() * t.element_size() for t in [*leaves, do]),
         peak=peak,
@@ -273,7 +282,8 @@ def format_report(r: PeakReport, target: tuple[int, ...] | None, live: bool) -> 
     def cell(n: int) -> str:
         return f"{r.units(n):6.2f} x [B,T,H,K] = {r.scaled_mib(n, at):7.1f} MiB at {'x'.join(map(str, at))}"
 
-    lines = [f"chunk_{r.op} {B}x{T}x{H}x{K}x{V} {str(r.dtype).removeprefix('torch.')} (chunk {r.chunk_size}), "
+    dtype = str(r.dtype).removeprefix("torch.")
+    lines = [f"chunk_{r.op} {B}x{T}x{H}x{K}x{V} {dtype} ({r.arch} plan, chunk {r.chunk_size}), "
              f"unit [B,T,H,K] = {r.unit} bytes",
              f"  base (inputs + do)    {cell(r.base)}",
              f"  peak during fwd+bwd   {cell(r.peak)}",
@@ -293,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", type=_shape, default=(1, 256, 2, 128, 128), help="BxTxHxD or BxTxHxKxV")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16",
                    help="fp16 has bf16's element size and runs in the interpreter")
+    p.add_argument("--arch", default="sm90", help="whose plans to run (default the H100's; 'cpu': sm80's)")
     p.add_argument("--stub-kernels", action="store_true", help="launch no kernel (full-size shapes)")
     p.add_argument("--scale-to", type=_shape, default=None, help="give MiB at this BxTxHxD (same dtype)")
     p.add_argument("--live", action="store_true", help="list the buffers alive at the peak")
@@ -300,12 +311,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     reports = []
     for op in args.ops:
-        r = measure(op, *args.shape, DTYPES[args.dtype], stub_kernels=args.stub_kernels)
+        r = measure(op, *args.shape, DTYPES[args.dtype], arch=None if args.arch == "cpu" else args.arch,
+                    stub_kernels=args.stub_kernels)
         reports.append(r)
         print(format_report(r, args.scale_to, args.live), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"op": r.op, "shape": r.shape, "dtype": str(r.dtype), "chunk_size": r.chunk_size,
+            json.dump([{"op": r.op, "shape": r.shape, "dtype": str(r.dtype), "arch": r.arch, "chunk_size": r.chunk_size,
                         "unit_bytes": r.unit, "base_units": r.units(r.base), "peak_units": r.units(r.peak),
                         "peak_forward_units": r.units(r.peak_forward),
                         "peak_backward_units": r.units(r.peak_backward), "end_units": r.units(r.end)}
