@@ -348,7 +348,7 @@ CHUNK_PLANS = {
             ("bwd_dA", LaunchConfig(128, 32, num_warps=8, num_stages=2,
                                  reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~44 KB of 227 KB; 8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)')),
             ("bwd_dqk", LaunchConfig(32, 32, num_warps=4, num_stages=1,
-                                 reason='tuned (fla_gen/tuned.py): 32-wide K blocks, 4 warps: half the K-loop trips; measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): kernel 3.69 ms at BK 16 / 4 warps, 5.16 at 8 warps, 9.11 at 2, 2.19 at BK 32 / 4 warps; forward+backward 11.21 -> 9.64 ms')),
+                                 reason="tuned (fla_gen/tuned.py): 32-wide K blocks, 4 warps: half the K-loop trips, though it spills ~600 B on sm90 (fla-gen aot; the entry-wise branch's [16, 16, 32] tiles); measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): kernel 3.69 ms at BK 16 / 4 warps, 5.16 at 8 warps, 9.11 at 2, 2.19 at BK 32 / 4 warps; forward+backward 11.21 -> 9.64 ms")),
         ),
     ),
     ("sm90", "bf16", 256): Plan(
