@@ -981,6 +981,9 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    # the chunk states and their gradients are read by no later kernel: free them before bwd_dqk's
+    # outputs are allocated, so that the peak is not both
+    del h, dh, u, du
 
     cfg = plan.config("bwd_dqk")
     BK = launch.dot_tile(cfg.block_k, K)
