@@ -158,7 +158,12 @@ _DPLR_DQK_WARPS = tuple(ArchRule(a, 4, "4 warps (measured, H100, profile_op --op
                                          "8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), "
                                          "6.12 at 2)")
                         for a in ARCH_NAMES)
-_DPLR_INTRA_WARPS = tuple(ArchRule(a, 8, "8 warps (measured, H100: fwd_intra 2.97 ms at 4 warps, 2.71 at 8, 2.77 at 2)")
+# fwd_intra's warps were first measured on its entry-wise path (H100: 2.97 ms at 4, 2.71 at 8, 2.77 at 2);
+# with RWKV-7 gates it now takes the factored dots, where 4 warps beat 8 (2.14 vs 3.27 ms, 2026-11-23,
+# benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json). 2 warps were faster still (1.24):
+# the rules stay at one warp group or more, so that is the measured sm90 entry in fla_gen/tuned.py.
+_DPLR_INTRA_WARPS = tuple(ArchRule(a, 4, "4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, "
+                                         "2.14 at 4)")
                           for a in ARCH_NAMES)
 
 # Measured on the H100 (benchmarks/profile_op.py --op rwkv7 --gate-lower-bound -0.6065, 4x4096x16x128 bf16,
