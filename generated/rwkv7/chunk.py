@@ -104,7 +104,14 @@ def rwkv7_fwd_intra_kernel(
         b_G = tl.cumsum(b_g, axis=0)
         b_Gx = b_G - b_g
         b_GL = tl.sum(b_g, axis=0)
+        # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
+        # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
         if FACTORED:
+            use_dots = True
+        else:
+            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
+            use_dots = b_span <= FACTOR_SPAN
+        if use_dots:
             # k and b loaded transposed ([BK, BT]) for the dots, with their gate cumsum along axis 1
             o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
             m_kt = (o_k < K)[:, None] & m_t[None, :]
@@ -123,34 +130,14 @@ def rwkv7_fwd_intra_kernel(
             b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
             b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
         else:
-            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
-            if b_span <= FACTOR_SPAN:
-                # k and b loaded transposed ([BK, BT]) for the dots, with their gate cumsum along axis 1
-                o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
-                m_kt = (o_k < K)[:, None] & m_t[None, :]
-                b_kT = tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32)
-                b_bT = tl.load(b + o_kt, mask=m_kt, other=0.).to(tl.float32)
-                b_GT = tl.zeros([BK, BT], dtype=tl.float32)
-                if USE_G:
-                    b_GT = tl.cumsum(tl.load(g + o_kt, mask=m_kt, other=0.).to(tl.float32), axis=1)
-                b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-                b_GmT = tl.sum(tl.where(o_i[None, :] == BT // 2, b_GT, 0.), axis=1)
-                b_qf = b_q * tl.exp(b_G - b_Gm[None, :])
-                b_af = b_a * tl.exp(b_Gx - b_Gm[None, :])
-                b_up = tl.exp(b_GmT[:, None] - b_GT)
-                b_Aqk = tl.dot(b_qf, b_kT * b_up, b_Aqk, input_precision=DOT_PRECISION)
-                b_Aqb = tl.dot(b_qf, b_bT * b_up, b_Aqb, input_precision=DOT_PRECISION)
-                b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
-                b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
-            else:
-                m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-                m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-                b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-                b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-                b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
-                b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
-                b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
-                b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
+            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
+            b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
+            b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
+            b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
         # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
         b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
         tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
@@ -647,8 +634,15 @@ def rwkv7_bwd_dqk_kernel(
         b_Gx = b_G - b_g
         b_GL = tl.sum(b_g, axis=0)
         # the A-matrix parts, x side (indexed by t) and y side (indexed by s): dots where the factors are
-        # finite (the test of fwd_intra, on the same block), else entry by entry
+        # finite (fwd_intra's test, on this kernel's K block), else entry by entry
+        # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
+        # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
         if FACTORED:
+            use_dots = True
+        else:
+            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
+            use_dots = b_span <= FACTOR_SPAN
+        if use_dots:
             # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
             b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
             b_down = tl.exp(b_G - b_Gm[None, :])
@@ -667,34 +661,14 @@ def rwkv7_bwd_dqk_kernel(
             b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
                                   input_precision=DOT_PRECISION)
         else:
-            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
-            if b_span <= FACTOR_SPAN:
-                # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
-                b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-                b_down = tl.exp(b_G - b_Gm[None, :])
-                b_downx = tl.exp(b_Gx - b_Gm[None, :])
-                b_up = tl.exp(b_Gm[None, :] - b_G)
-                b_kf = b_k * b_up
-                b_bf = b_b * b_up
-                b_qf = b_q * b_down
-                b_af = b_a * b_downx
-                b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
-                                        input_precision=DOT_PRECISION)
-                b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
-                                         input_precision=DOT_PRECISION)
-                b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
-                                      input_precision=DOT_PRECISION)
-                b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
-                                      input_precision=DOT_PRECISION)
-            else:
-                m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-                m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-                b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-                b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-                b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
-                b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
-                b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
-                b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
+            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
+            b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
+            b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
+            b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
         # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
         b_eG = tl.exp(b_G)
         b_eGx = tl.exp(b_Gx)
