@@ -422,6 +422,17 @@ def copy_autotune_results(src: Path, dst: Path) -> int:
     return n
 
 
+def warm_call(r: Runner, spec: dict, cache_dir: Path) -> dict:
+    """First forward and backward of one more fresh process on the Triton cache that a measured run
+    left behind: the first call a user sees once Triton has compiled the plan (imports excluded)."""
+    spec = {**spec, "tag": spec["tag"] + "_warm", "result": spec["result"].replace(".json", "_warm.json")}
+    res = r.run_one(spec, cache_dir)
+    out = {f"warm_{k}": res[k] for k in ("first_fwd_s", "first_bwd_s") if k in res}
+    if res.get("ended") or res.get("errors"):
+        out["warm_error"] = res.get("ended") or _ops.err_text(RuntimeError(str(res.get("errors"))))
+    return out
+
+
 def compare_saved(ours: dict, fla: dict) -> dict:
     """Relative errors ours vs fla from the tensors both workers saved (CPU, float64)."""
     import torch
@@ -543,6 +554,8 @@ def run(args) -> dict:
                     s = spec_for(lib, op, shape, mode, not args.skip_first_call, True)
                     cdir = shared_cache if args.skip_first_call else r.workdir / "cache" / s["tag"]
                     res = r.run_one(s, cdir)
+                    if args.warm_call and not res.get("ended") and not res.get("skipped"):
+                        res.update(warm_call(r, spec_for(lib, op, shape, mode, True, False), cdir))
                     rows.setdefault(key, {})[lib] = res
                     _progress(f"{lib} {op} {mode} {key[1]}", res)
                     report["rows"] = _rows_list(rows)
@@ -735,6 +748,12 @@ def render_table(report: dict) -> str:
     lines += _grid(chdr, cbody)
     lines.append("errors: ||a-b||/||b|| (b = fla, or our float64 reference on the slice); "
                  "bf16 expect 1e-3..1e-2")
+    for row in report.get("rows", []):
+        o = row.get("ours") or {}
+        if "warm_first_fwd_s" in o or "warm_error" in o:
+            total = o.get("warm_first_fwd_s", 0.0) + o.get("warm_first_bwd_s", 0.0)
+            lines.append(f"warm Triton cache, ours {row['op']} {row['shape']}: first fwd + bwd {total:.2f} s "
+                         f"(issue 7: < 2 s){'; ' + str(o['warm_error']) if 'warm_error' in o else ''}")
     for n in report.get("notes", []):
         lines.append(f"note: {n}")
     lines += notes.lines()
@@ -810,6 +829,9 @@ def parse_args(argv=None):
                         "the DPLR inputs of _ops.py have gates >= -0.6065")
     p.add_argument("--gate-scale", type=float, default=1.0,
                    help="multiply every per-token log gate (_ops.make_inputs): a timing A/B of gate-dependent paths")
+    p.add_argument("--warm-call", action="store_true",
+                   help="after each measured op of ours, time the first call of one more fresh process on the "
+                        "Triton cache it left (compiled plan, imports excluded)")
     p.add_argument("--fla-jobs", type=int, default=1,
                    help="run fla's first calls (compile + autotune) this many at a time, then time alone")
     p.add_argument("--autotune-cache", default=None, metavar="DIR",
