@@ -31,3 +31,20 @@ def test_floor_ratio_and_no_plan_cells():
     table = bench_ops.render_table(report)
     line = next(li for li in table.splitlines() if li.startswith("delta_rule"))
     assert "no plan[1]" in line and f"[1] {no_plan}" in table
+
+
+def test_autotune_results_are_copied_with_their_hash_dir_and_nothing_else(tmp_path):
+    """bench_ops --autotune-cache: only Triton's ``<hash>/<kernel>.autotune.json`` files travel, under
+    their hash directory (Triton's cache key), and a file already there is kept."""
+    src, dst = tmp_path / "run_cache", tmp_path / "carried"
+    for rel, text in {"worker_a/H1/k1.autotune.json": "a", "worker_b/H2/k2.autotune.json": "b",
+                      "worker_b/H2/k2.cubin": "binary", "worker_a/H3/k3.json": "metadata"}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    (dst / "H2").mkdir(parents=True)
+    (dst / "H2" / "k2.autotune.json").write_text("kept")
+    assert bench_ops.copy_autotune_results(src, dst) == 1
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file()) == ["H1/k1.autotune.json",
+                                                                                       "H2/k2.autotune.json"]
+    assert (dst / "H2" / "k2.autotune.json").read_text() == "kept"
+    assert bench_ops.copy_autotune_results(tmp_path / "missing", dst) == 0
