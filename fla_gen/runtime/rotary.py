@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.launch import cdiv, next_power_of_2
+
 # Positions are computed in fp32 in the fused transform; integers above 2**24 are not exact there.
 MAX_POSITION = 2**24
 
@@ -173,9 +175,9 @@ def _rotate_with_tables(x, cos, sin, positions, interleaved: bool, conjugate: bo
     y = torch.empty_like(x)
     n_tok = B * T
     BT = 16
-    rotary_table_kernel[(triton.cdiv(n_tok, BT), H)](
+    rotary_table_kernel[(cdiv(n_tok, BT), H)](
         x, cos, sin, y, positions, n_tok, H=H, D=D, R=2 * cos.shape[1], BT=BT,
-        BD=triton.next_power_of_2(D), INTERLEAVED=interleaved, CONJUGATE=conjugate,
+        BD=next_power_of_2(D), INTERLEAVED=interleaved, CONJUGATE=conjugate,
     )
     return y
 
