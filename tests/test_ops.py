@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fla_gen.plan import ALGORITHMS
-from fla_gen.runtime.dispatch import forced_arch
+from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference, verify_op
 from tests.support import generated, poisoned_allocations, recurrence
@@ -126,11 +126,13 @@ def test_gla_strong_gates(dtype, B, T, K, cu_seqlens):
     assert not result.failures(), result.errors
 
 
-@pytest.mark.parametrize(("dtype", "B", "T", "cu_seqlens"), [
-    (torch.float32, 1, 120, [0, 37, 37, 120]),
-    (torch.float16, 2, 70, None),
-], ids=["fp32-varlen", "fp16-dense"])
-def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens):
+@pytest.mark.parametrize(("dtype", "B", "T", "cu_seqlens", "block_k"), [
+    (torch.float32, 1, 120, [0, 37, 37, 120], 16),
+    (torch.float16, 2, 70, None, 16),
+    # 32-wide K blocks, as sm90's measured bwd_dqk config: the entry-wise path then holds [16, 16, 32] tiles
+    (torch.float32, 1, 120, [0, 37, 37, 120], 32),
+], ids=["fp32-varlen", "fp16-dense", "fp32-varlen-BK32"])
+def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens, block_k):
     """chunk_dplr's default plan takes each K block of a chunk through tensor-core dots of exp factors when
     its gates move at most launch.factor_span (30) inside the chunk, else entry by entry. Per-channel gate
     strengths from x 0.05 to x 40 of logsigmoid(N(0, 1)) over K = 64 (four 16-wide blocks): the first
@@ -145,7 +147,9 @@ def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens):
     x["gk"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(22))) * strength
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    result = compare_with_reference(pkg.chunk_dplr_delta_rule, pkg.dplr_delta_rule_reference,
-                                    {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
-                                    name="chunk_dplr_delta_rule", guard=poisoned_allocations, cu_seqlens=cu)
+    blocks = {"block_k": block_k, "block_v": block_k}
+    with overridden_plans({"fwd_intra": blocks, "bwd_dqk": blocks}):
+        result = compare_with_reference(pkg.chunk_dplr_delta_rule, pkg.dplr_delta_rule_reference,
+                                        {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
+                                        name="chunk_dplr_delta_rule", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
