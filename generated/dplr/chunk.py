@@ -633,8 +633,7 @@ def dplr_delta_rule_bwd_dqk_kernel(
         b_G = tl.cumsum(b_g, axis=0)
         b_Gx = b_G - b_g
         b_GL = tl.sum(b_g, axis=0)
-        # the A-matrix parts, x side (indexed by t) and y side (indexed by s): dots where the factors are
-        # finite (fwd_intra's test, on this kernel's K block), else entry by entry
+        # the A-matrix parts, x side (indexed by t) and y side (indexed by s), on this kernel's K blocks
         # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
         # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
         if FACTORED:
