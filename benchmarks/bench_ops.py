@@ -409,11 +409,16 @@ class Runner:
         return [r if r is not None else {"skipped": "budget"} for r in results]
 
 
+def autotune_result_files(root: Path) -> list[Path]:
+    """Triton's autotune result files (``<hash>/<kernel>.autotune.json``) under root; none if it is absent."""
+    return sorted(root.glob("**/*.autotune.json")) if root.is_dir() else []
+
+
 def copy_autotune_results(src: Path, dst: Path) -> int:
-    """Copy every Triton autotune result file (``<hash>/<kernel>.autotune.json``) found under src into
-    dst, keeping the hash directory; returns how many were copied (0 when src does not exist)."""
+    """Copy every Triton autotune result file found under src into dst, keeping the hash directory;
+    returns how many were copied (0 when src does not exist)."""
     n = 0
-    for f in sorted(src.glob("**/*.autotune.json")) if src.is_dir() else []:
+    for f in autotune_result_files(src):
         target = dst / f.parent.name / f.name
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -429,7 +434,8 @@ def warm_call(r: Runner, spec: dict, cache_dir: Path) -> dict:
     res = r.run_one(spec, cache_dir)
     out = {f"warm_{k}": res[k] for k in ("first_fwd_s", "first_bwd_s") if k in res}
     if res.get("ended") or res.get("errors"):
-        out["warm_error"] = res.get("ended") or _ops.err_text(RuntimeError(str(res.get("errors"))))
+        # the worker's errors are already footnote texts, by stage
+        out["warm_error"] = res.get("ended") or "; ".join(f"{k}: {v}" for k, v in res["errors"].items())
     return out
 
 
@@ -467,8 +473,7 @@ def run(args) -> dict:
         "g_gamma": args.g_gamma, "gate_scale": args.gate_scale,
         "dtype": args.dtype or "bfloat16", "first_call": not args.skip_first_call,
         "fla_jobs": args.fla_jobs,
-        "autotune_cache_seeded": (len(list(Path(args.autotune_cache).glob("**/*.autotune.json")))
-                                  if args.autotune_cache and Path(args.autotune_cache).is_dir() else 0),
+        "autotune_cache_seeded": len(autotune_result_files(Path(args.autotune_cache))) if args.autotune_cache else 0,
         "workdir": str(r.workdir), "versions": _versions(), "baseline": {}, "rows": [], "notes": [],
     }
 
