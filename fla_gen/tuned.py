@@ -50,9 +50,11 @@ _DELTA_FWD_WU_2_WARPS = (
     "benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel {kernels}, forward {forwards}")
 
 _DPLR_FACTORED = (
-    "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block "
+    "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at {shape} bf16 with RWKV-7 gates (every K block "
     "takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk "
-    "(benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): {times}")
+    "(benchmarks/results/{result}): {times}")
+_DPLR_K128 = {"shape": "4x4096x16x128", "result": "2026-11-23_h100_sweep_rwkv7_factored_s5.json"}
+_DPLR_K64 = {"shape": "8x2048x32x64", "result": "2026-11-23_h100_sweep_rwkv7_k64_s6.txt"}
 
 TUNED: tuple[TunedPlan, ...] = (
     # The wide-V experiment of benchmarks/RESULTS.md: it agrees with plan.py's wide_v rule, and pins
@@ -65,16 +67,41 @@ TUNED: tuple[TunedPlan, ...] = (
     TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 64, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
         kernels="0.559 -> 0.357 ms (gated_delta_rule 8x2048x32x64), 0.501 -> 0.323 (delta_rule)",
         forwards="0.855 -> 0.654 and 0.762 -> 0.585 ms")),
+    TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 256, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
+        kernels="0.213 -> 0.167 ms (gated_delta_rule 2x8192x8x256), 0.202 -> 0.161 (delta_rule); "
+                "benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json",
+        forwards="1.277 -> 1.229 and 1.060 -> 1.016 ms")),
+    # The state walk at head dim 256: the rule's [256, 16] state tile (4 warps, no spill) gives
+    # N = 16 dots; 8 warps hold a [256, 32] tile in the same registers per thread.
+    TunedPlan("sm90", "chunk_delta", "fwd_h", "bf16", 256, 256, 32, 8, 2,
+              "[256, 32] fp32 state tile over 8 warps (32 registers per thread for the state, as [256, 16] on 4): "
+              "N = 32 dots and half the programs; measured on H100 2026-11-23 at 2x8192x8x256 bf16 "
+              "(benchmarks/sweep_plans.py --stages fwd_wu,fwd_h,bwd_dh, "
+              "benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json): fwd_h kernel 0.830 -> 0.551 ms "
+              "(gated_delta_rule), 0.641 -> 0.456 (delta_rule); forward 1.271 -> 0.998 and 1.047 -> 0.867 ms. "
+              "The same change to bwd_dh measured slower (0.781 -> 0.822 ms): not taken"),
     # The any-gate DPLR plan's two pairwise kernels, once they took the factored dots (their 8 / 4 warps
     # had been measured on the entry-wise path); strong gates still run the entry-wise path with these.
-    TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 128, 16, 16, 2, 1, _DPLR_FACTORED.format(
-        what="2 warps: [16, 16] dots and a 16-step forward substitution",
-        times="kernel 3.27 ms at 8 warps, 2.14 at 4, 1.24 at 2; forward 4.08 -> 2.12 ms")),
+    TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 128, 32, 16, 2, 1, _DPLR_FACTORED.format(
+        **_DPLR_K128, what="2 warps: [16, 16] dots and a 16-step forward substitution; 32-wide K blocks (four "
+                           "K-loop trips instead of eight), though they spill ~260 B on sm90 (fla-gen aot)",
+        times="kernel 3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2; forward 4.08 -> 2.12 ms; then "
+              "(benchmarks/results/2026-11-23_h100_sweep_rwkv7_fwd_intra_k128_s6.json) 1.254 -> 1.105 ms at "
+              "BK 32 / 2 warps, forward 2.147 -> 1.994 ms")),
     TunedPlan("sm90", "chunk_dplr", "bwd_dqk", "bf16", 128, 32, 32, 4, 1, _DPLR_FACTORED.format(
+        **_DPLR_K128,
         what="32-wide K blocks, 4 warps: half the K-loop trips, though it spills ~600 B on sm90 (fla-gen aot; "
              "the entry-wise branch's [16, 16, 32] tiles)",
         times="kernel 3.69 ms at BK 16 / 4 warps, 5.16 at 8 warps, 9.11 at 2, 2.19 at BK 32 / 4 warps; "
               "forward+backward 11.21 -> 9.64 ms")),
+    # The same two kernels at head dim 64, where the rules' 16-wide K blocks and 4 warps (the 128 entries
+    # apply only to their bucket) left rwkv7 at 0.71x / 0.89x of fla-core (same call, 8x2048x32x64).
+    TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 64, 32, 16, 2, 1, _DPLR_FACTORED.format(
+        **_DPLR_K64, what="32-wide K blocks, 2 warps: two K-loop trips instead of four",
+        times="kernel 2.291 ms at BK 16 / 4 warps, 1.222 at BK 32 / 2 warps; forward 2.65 -> 1.60 ms")),
+    TunedPlan("sm90", "chunk_dplr", "bwd_dqk", "bf16", 64, 32, 32, 4, 1, _DPLR_FACTORED.format(
+        **_DPLR_K64, what="32-wide K blocks, 4 warps, as at head dim 128",
+        times="kernel 3.768 ms at BK 16 / 4 warps, 2.084 at BK 32 / 4 warps; forward+backward 8.58 -> 6.87 ms")),
 )
 
 

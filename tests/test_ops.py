@@ -129,7 +129,8 @@ def test_gla_strong_gates(dtype, B, T, K, cu_seqlens):
 @pytest.mark.parametrize(("dtype", "B", "T", "cu_seqlens", "block_k"), [
     (torch.float32, 1, 120, [0, 37, 37, 120], 16),
     (torch.float16, 2, 70, None, 16),
-    # 32-wide K blocks, as sm90's measured bwd_dqk config: the entry-wise path then holds [16, 16, 32] tiles
+    # 32-wide K blocks, as sm90's measured configs (fwd_intra BK 32 / BV 16, bwd_dqk BK 32 / BV 32): the
+    # entry-wise path then holds [16, 16, 32] tiles
     (torch.float32, 1, 120, [0, 37, 37, 120], 32),
 ], ids=["fp32-varlen", "fp16-dense", "fp32-varlen-BK32"])
 def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens, block_k):
@@ -147,8 +148,8 @@ def test_dplr_gates_weak_and_strong_per_k_block(dtype, B, T, cu_seqlens, block_k
     x["gk"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(22))) * strength
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    blocks = {"block_k": block_k, "block_v": block_k}
-    with overridden_plans({"fwd_intra": blocks, "bwd_dqk": blocks}):
+    with overridden_plans({"fwd_intra": {"block_k": block_k, "block_v": 16},
+                           "bwd_dqk": {"block_k": block_k, "block_v": block_k}}):
         result = compare_with_reference(pkg.chunk_dplr_delta_rule, pkg.dplr_delta_rule_reference,
                                         {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                         name="chunk_dplr_delta_rule", guard=poisoned_allocations, cu_seqlens=cu)

@@ -207,6 +207,24 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
+    ("sm90", "fp16", 256): Plan(
+        "sm90", "fp16", 256, chunk_size=64,
+        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
+        kernels=(
+            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
+                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~140 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=1,
+                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 1 stage(s): ~108 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dqk", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~136 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_wy", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+        ),
+    ),
     ("sm90", "bf16", 64): Plan(
         "sm90", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
@@ -247,10 +265,10 @@ CHUNK_PLANS = {
         "sm90", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
-            ("fwd_wu", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~120 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~140 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_wu", LaunchConfig(64, 64, num_warps=2, num_stages=3,
+                                 reason="tuned (fla_gen/tuned.py): 2 warps: the kernel's dots and its forward substitution work on 16x16 blocks, too small to share among 4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel 0.213 -> 0.167 ms (gated_delta_rule 2x8192x8x256), 0.202 -> 0.161 (delta_rule); benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json, forward 1.277 -> 1.229 and 1.060 -> 1.016 ms")),
+            ("fwd_h", LaunchConfig(256, 32, num_warps=8, num_stages=2,
+                                 reason='tuned (fla_gen/tuned.py): [256, 32] fp32 state tile over 8 warps (32 registers per thread for the state, as [256, 16] on 4): N = 32 dots and half the programs; measured on H100 2026-11-23 at 2x8192x8x256 bf16 (benchmarks/sweep_plans.py --stages fwd_wu,fwd_h,bwd_dh, benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json): fwd_h kernel 0.830 -> 0.551 ms (gated_delta_rule), 0.641 -> 0.456 (delta_rule); forward 1.271 -> 0.998 and 1.047 -> 0.867 ms. The same change to bwd_dh measured slower (0.781 -> 0.822 ms): not taken')),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~88 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=1,
@@ -392,6 +410,7 @@ CHUNK_PLANS = {
 CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
     ("sm90", 64),
     ("sm90", 128),
+    ("sm90", 256),
 )))
 
 # fused_recurrent_delta: the decode kernels

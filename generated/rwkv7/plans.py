@@ -297,6 +297,24 @@ CHUNK_PLANS = {
                                  reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
         ),
     ),
+    ("sm90", "fp16", 64): Plan(
+        "sm90", "fp16", 64, chunk_size=16,
+        chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
+        kernels=(
+            ("fwd_intra", LaunchConfig(16, 16, num_warps=4, num_stages=1,
+                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4)')),
+            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
+                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~29 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
+                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~24 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~33 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dA", LaunchConfig(64, 64, num_warps=8, num_stages=2,
+                                 reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~50 KB of 227 KB; 8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)')),
+            ("bwd_dqk", LaunchConfig(16, 16, num_warps=4, num_stages=1,
+                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
+        ),
+    ),
     ("sm90", "fp16", 128): Plan(
         "sm90", "fp16", 128, chunk_size=16,
         chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
@@ -319,8 +337,8 @@ CHUNK_PLANS = {
         "sm90", "bf16", 64, chunk_size=16,
         chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
         kernels=(
-            ("fwd_intra", LaunchConfig(16, 16, num_warps=4, num_stages=1,
-                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4)')),
+            ("fwd_intra", LaunchConfig(32, 16, num_warps=2, num_stages=1,
+                                 reason='tuned (fla_gen/tuned.py): 32-wide K blocks, 2 warps: two K-loop trips instead of four; measured on H100 2026-11-23 for chunk_rwkv7 at 8x2048x32x64 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_k64_s6.txt): kernel 2.291 ms at BK 16 / 4 warps, 1.222 at BK 32 / 2 warps; forward 2.65 -> 1.60 ms')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~29 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -329,16 +347,16 @@ CHUNK_PLANS = {
                                  reason='64x64 tiles, 3 stage(s): ~33 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dA", LaunchConfig(64, 64, num_warps=8, num_stages=2,
                                  reason='whole K (64) with a [K, 64] fp32 state tile in registers: BV = 64 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~50 KB of 227 KB; 8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)')),
-            ("bwd_dqk", LaunchConfig(16, 16, num_warps=4, num_stages=1,
-                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
+            ("bwd_dqk", LaunchConfig(32, 32, num_warps=4, num_stages=1,
+                                 reason='tuned (fla_gen/tuned.py): 32-wide K blocks, 4 warps, as at head dim 128; measured on H100 2026-11-23 for chunk_rwkv7 at 8x2048x32x64 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_k64_s6.txt): kernel 3.768 ms at BK 16 / 4 warps, 2.084 at BK 32 / 4 warps; forward+backward 8.58 -> 6.87 ms')),
         ),
     ),
     ("sm90", "bf16", 128): Plan(
         "sm90", "bf16", 128, chunk_size=16,
         chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
         kernels=(
-            ("fwd_intra", LaunchConfig(16, 16, num_warps=2, num_stages=1,
-                                 reason='tuned (fla_gen/tuned.py): 2 warps: [16, 16] dots and a 16-step forward substitution; measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): kernel 3.27 ms at 8 warps, 2.14 at 4, 1.24 at 2; forward 4.08 -> 2.12 ms')),
+            ("fwd_intra", LaunchConfig(32, 16, num_warps=2, num_stages=1,
+                                 reason='tuned (fla_gen/tuned.py): 2 warps: [16, 16] dots and a 16-step forward substitution; 32-wide K blocks (four K-loop trips instead of eight), though they spill ~260 B on sm90 (fla-gen aot); measured on H100 2026-11-23 for chunk_rwkv7 at 4x4096x16x128 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json): kernel 3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2; forward 4.08 -> 2.12 ms; then (benchmarks/results/2026-11-23_h100_sweep_rwkv7_fwd_intra_k128_s6.json) 1.254 -> 1.105 ms at BK 32 / 2 warps, forward 2.147 -> 1.994 ms')),
             ("fwd_h", LaunchConfig(128, 32, num_warps=4, num_stages=2,
                                  reason='whole K (128) with a [K, 32] fp32 state tile in registers: BV = 32 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~43 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(128, 32, num_warps=4, num_stages=2,
@@ -534,6 +552,7 @@ CHUNK_PLANS = {
 }
 # fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
 CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 64),
     ("sm90", 128),
 )))
 
