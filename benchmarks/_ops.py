@@ -349,6 +349,20 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def prime_torch_autograd() -> float:
+    """Run one tiny CPU backward with an explicit output gradient and return its seconds.
+
+    A process's first ``Tensor.backward(grad)`` imports torch.fx.experimental.symbolic_shapes and
+    sympy (torch.autograd's ``_make_grads``): 2.8 s on the H100 machine, whose site-packages have no
+    bytecode cache (benchmarks/first_call_profile.py). Every torch model pays it once, whatever its
+    ops, so first-call timings of ours and fla's take it out first and report it apart.
+    """
+    t0 = time.perf_counter()
+    x = torch.ones(2, requires_grad=True)
+    (x * 2).backward(torch.ones(2))
+    return time.perf_counter() - t0
+
+
 def wall(fn, device) -> float:
     """Seconds for one call, device work included."""
     sync(device)
