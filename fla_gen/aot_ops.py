@@ -17,9 +17,13 @@ import torch
 from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all
 from fla_gen.canonical import Recurrence
 from fla_gen.runtime.dispatch import forced_arch
+from fla_gen.runtime.launch import forced_sm_count
 from fla_gen.sample import sample_inputs
 
 ARCH_OF_CAP = {80: "sm80", 86: "sm86", 89: "sm89", 90: "sm90", 100: "sm100"}
+# SMs of one GPU per target (A100, A6000, L40S, H100 SXM, B200): the AOT calls' grids (2 sequences x 2
+# heads) are far below any of them, so their state walks take launch.state_walk_tiles' smallest tiles.
+SM_COUNT_OF_CAP = {80: 108, 86: 84, 89: 142, 90: 132, 100: 148}
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,10 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                 continue
             suffix = "" if i == 0 else f"_k{head_dim}"
             for varlen in (False, True) if i == 0 and cap in varlen_caps else (False,):
-                with forced_arch(ARCH_OF_CAP[cap]):
+                # Dense calls launch as on the target's GPU, where their small grids take the split state-walk
+                # tiles (launch.state_walk_tiles); varlen calls keep the plan's tiles (no SM count).
+                sms = 0 if varlen else SM_COUNT_OF_CAP[cap]
+                with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms):
                     launches = capture_launches(lambda v=varlen, d=head_dim: [
                         _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
                     ])

@@ -14,7 +14,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -28,7 +28,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -42,7 +42,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -56,7 +56,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~112 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -70,7 +70,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~112 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -84,7 +84,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~112 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -98,7 +98,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -112,7 +112,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -126,7 +126,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -140,7 +140,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -154,7 +154,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -168,7 +168,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -182,7 +182,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -196,7 +196,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -210,7 +210,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason='64x64 tiles, 2 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -224,7 +224,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -238,7 +238,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -252,7 +252,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
-                                 reason='64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
                                  reason='64x64 tiles, 1 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -266,7 +266,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -280,7 +280,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -294,7 +294,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -308,7 +308,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -322,7 +322,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -336,7 +336,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -350,7 +350,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -364,7 +364,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -378,7 +378,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -392,7 +392,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -406,7 +406,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -420,7 +420,7 @@ CHUNK_PLANS = {
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+                                 reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~160 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,

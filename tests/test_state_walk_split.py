@@ -1,0 +1,69 @@
+"""The state walk's small-grid split (launch.state_walk_tiles): the tiles it picks, and the gated chunk
+ops computed with the split tiles in the interpreter against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fla_gen.runtime import launch
+from fla_gen.sample import sample_inputs
+from fla_gen.verify import compare_with_reference
+from tests.support import generated, poisoned_allocations, recurrence
+
+
+@pytest.mark.parametrize(("tiles", "dims", "walks", "sms", "expected"), [
+    # the measured case: 1x16384x16x128 on the H100's 132 SMs, 64 programs -> 128 -> 256
+    ((64, 64), (128, 128), 16, 132, (32, 32)),
+    # 4x4096x16x128: 256 programs already
+    ((64, 64), (128, 128), 64, 132, (64, 64)),
+    # the grid stays small: the tiles stop at 32
+    ((64, 64), (128, 128), 1, 132, (32, 32)),
+    # the plan's tile is already below the floor (head dim 16): kept
+    ((16, 16), (16, 16), 1, 132, (16, 16)),
+    # V halves first on a tie, K next; off CUDA (0 SMs) nothing changes
+    ((64, 64), (64, 64), 2, 4, (64, 32)),
+    ((64, 64), (128, 128), 1, 0, (64, 64)),
+    # a wide V tile halves before a narrower K tile
+    ((32, 128), (128, 128), 4, 100, (32, 32)),
+])
+def test_state_walk_tiles(tiles, dims, walks, sms, expected):
+    assert launch.state_walk_tiles(*tiles, *dims, walks, sms) == expected
+
+
+def test_forced_sm_count_is_scoped():
+    cpu = torch.device("cpu")
+    assert launch.sm_count(cpu) == 0
+    with launch.forced_sm_count(132):
+        assert launch.sm_count(cpu) == 132
+    assert launch.sm_count(cpu) == 0
+
+
+@pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
+    ("simple_gla", "simple_gla", None),
+    ("simple_gla", "simple_gla", [0, 50, 50, 130]),
+    ("gla", "gla", None),
+    ("gla", "gla", [0, 50, 50, 130]),
+])
+def test_gated_ops_with_split_state_walk(monkeypatch, package, op, cu_seqlens):
+    """As on a GPU with many SMs: fwd_h (forward, and its recomputation in the backward) runs on 32x32
+    tiles instead of the plan's 64x64, and the outputs and every gradient still match the reference."""
+    picked = []
+    real = launch.state_walk_tiles
+
+    def spy(*args):
+        picked.append(real(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(launch, "state_walk_tiles", spy)
+    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=5)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    with launch.forced_sm_count(1000):
+        result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
+                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
+                                        name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors
+    assert picked and set(picked) == {(32, 32)}, picked
