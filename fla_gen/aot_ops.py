@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all
+from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all, dedupe_launches
 from fla_gen.canonical import Recurrence
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.runtime.launch import forced_sm_count
@@ -86,13 +86,15 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                 continue
             suffix = "" if i == 0 else f"_k{head_dim}"
             for varlen in (False, True) if i == 0 and cap in varlen_caps else (False,):
-                # Dense calls launch as on the target's GPU, where their small grids take the split state-walk
-                # tiles (launch.state_walk_tiles); varlen calls keep the plan's tiles (no SM count).
-                sms = 0 if varlen else SM_COUNT_OF_CAP[cap]
-                with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms):
-                    launches = capture_launches(lambda v=varlen, d=head_dim: [
-                        _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
-                    ])
+                # The plan's tiles, and for dense calls also the tiles the launchers pick on the target's GPU,
+                # where these small grids split the state walk (launch.state_walk_tiles).
+                launches = []
+                for sms in (0,) if varlen else (0, SM_COUNT_OF_CAP[cap]):
+                    with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms):
+                        launches += capture_launches(lambda v=varlen, d=head_dim: [
+                            _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
+                        ])
+                launches = dedupe_launches(launches)
                 variant = ("varlen" if varlen else "dense") + suffix
                 for report in compile_all(launches, [cap], jobs=jobs):
                     entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))

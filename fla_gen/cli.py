@@ -211,7 +211,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
             print(f"{entry.op:<12} {entry.variant:<10} sm{r.cap:<4} {r.kernel:<40} "
                   f"smem {r.shared_bytes // 1024:>4} KB  regs {r.registers}  spills {r.spill_stores}  "
                   f"{'wgmma' if r.uses_wgmma else '':<5}  {status}")
-            rows.append({"op": entry.op, "variant": entry.variant, "kernel": r.kernel, "cap": r.cap,
+            rows.append({"op": entry.op, "variant": entry.variant, "kernel": r.kernel, "launch": r.launch, "cap": r.cap,
                          "shared_bytes": r.shared_bytes, "registers": r.registers, "spill_stores": r.spill_stores,
                          "uses_wgmma": r.uses_wgmma, "num_warps": r.num_warps, "num_stages": r.num_stages,
                          "problems": list(entry.problems)})

@@ -67,11 +67,16 @@ def test_sm90_matrix_kernels_use_wgmma(aot_reports):
         short_chunks = plan_chunk_size(rec, ARCHS["sm90"])[0] < 64
         matrix_stages = {k.stage: algo.name for algo in select_algorithms(rec) for k in algo.kernels
                          if k.tiles and not k.sub_chunk and (k.whole_k or not short_chunks)}
+        split_stages = {k.stage for algo in select_algorithms(rec) for k in algo.kernels if k.split_small_grid}
         assert matrix_stages, spec
         for r in rows:
             stage = r["kernel"].removeprefix(f"{op}_").removesuffix("_kernel")
             if r["op"] == op and r["cap"] == 90 and stage in matrix_stages:
-                if r["num_warps"] < 4:
+                if stage in split_stages and "BK=32" in r["launch"]:
+                    # a small grid's split state walk (launch.state_walk_tiles): M = 32 rules wgmma out; measured
+                    # faster than the plan's wgmma tiles there (benchmarks/RESULTS.md, session 6)
+                    assert not r["problems"], r
+                elif r["num_warps"] < 4:
                     # fewer warps than one warp group rules wgmma out: only a measured plan may ask for that
                     assert (matrix_stages[stage], stage) in NARROW_TUNED_SM90, f"{r['kernel']}: {r['num_warps']} warps"
                 else:
