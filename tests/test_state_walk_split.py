@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.dispatch import overridden_plans
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
 from tests.support import generated, poisoned_allocations, recurrence
@@ -67,3 +68,22 @@ def test_gated_ops_with_split_state_walk(monkeypatch, package, op, cu_seqlens):
                                         name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
     assert picked and set(picked) == {(32, 32)}, picked
+
+
+def test_plan_override_pins_the_state_walk_tiles(monkeypatch):
+    """A plan override is an experiment (sweep_plans.py): its fwd_h tiles run as given, not split."""
+    picked = []
+    real = launch.state_walk_tiles
+
+    def spy(*args):
+        picked.append(real(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(launch, "state_walk_tiles", spy)
+    pkg, rec = generated("simple_gla"), recurrence("simple_gla")
+    x = sample_inputs(rec, 1, 64, 2, 64, 64, torch.float32, seed=6)
+    with launch.forced_sm_count(1000):
+        pkg.chunk_simple_gla(*x.values())
+        with overridden_plans({"fwd_h": {"block_k": 64, "block_v": 64}}):
+            pkg.chunk_simple_gla(*x.values())
+    assert picked == [(32, 32), (64, 64)]

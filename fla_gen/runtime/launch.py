@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import torch
 
+from fla_gen.runtime.plan_types import LaunchConfig
+
 
 # Plain-Python twins of triton.cdiv and triton.next_power_of_2: since Triton 3.6 those are
 # constexpr_functions whose host-side call unwraps every argument (~4 us each, several per launch).
@@ -60,6 +62,12 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def split_sm_count(cfg: LaunchConfig, device: torch.device) -> int:
+    """The SM count a state walk splits its tiles for (state_walk_tiles): the device's, or 0 (no split)
+    for a config pinned by a plan override, so that a sweep measures the tiles it asked for."""
+    return 0 if cfg.pinned else sm_count(device)
 
 
 STATE_WALK_MIN_TILE = 32

@@ -27,6 +27,9 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     reason: str = ""
+    # Set by a plan override (an experiment): the launcher uses these tiles as given, with no
+    # run-time adjustment (launch.split_sm_count).
+    pinned: bool = False
 
 
 @dataclass(frozen=True)

@@ -527,7 +527,7 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("fwd_h")
     BK, BV = launch.state_walk_tiles(_tile(cfg.block_k, K), _tile(cfg.block_v, V), K, V, N * H,
-                                     launch.sm_count(k.device))
+                                     launch.split_sm_count(cfg, k.device))
     h = k.new_empty(B, launch.num_chunks(T, BT, chunk_indices), H, K, V)
     ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)

@@ -477,7 +477,7 @@ def _chunk_fwd_h(
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
     BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
-                                     launch.sm_count(k.device))
+                                     launch.split_sm_count(cfg, k.device))
     h = k.new_empty(B, NT, H, K, V)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
