@@ -473,7 +473,7 @@ def run(args) -> dict:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "seed": seed, "device": device, "fake": args.fake, "quick": args.quick,
-        "g_gamma": args.g_gamma, "gate_scale": args.gate_scale,
+        "g_gamma": args.g_gamma, "gate_scale": args.gate_scale, "gate_lower_bound": args.gate_lower_bound,
         "dtype": args.dtype or "bfloat16", "first_call": not args.skip_first_call,
         "fla_jobs": args.fla_jobs,
         "autotune_cache_seeded": len(autotune_result_files(Path(args.autotune_cache))) if args.autotune_cache else 0,
