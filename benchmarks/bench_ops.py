@@ -650,15 +650,24 @@ class _Notes:
         return [f"[{i + 1}] {why}  ({', '.join(whats)})" for i, (why, whats) in enumerate(self.by_why.items())]
 
 
+def phase_error(res: dict, phase: str) -> str | None:
+    """The error a worker recorded that left phase 'fwd' or 'fwd_bwd' without a time: that phase's own,
+    its first call's, or the forward's (a failed forward leaves no backward); None if none."""
+    errs = res.get("errors")
+    if not isinstance(errs, dict):
+        return None
+    return errs.get(phase) or errs.get("first_" + phase) or errs.get("fwd") or errs.get("first_fwd")
+
+
 def _why(res: dict, phase: str) -> str | None:
     """Why a result has no number for phase 'fwd' / 'fwd_bwd' / 'first'."""
     if res.get("missing"):
         return f"missing: {res['missing']}"
-    errs = res.get("errors", {})
     if phase == "first":
+        errs = res.get("errors", {})
         e = errs.get("first_fwd") or (errs.get("fwd") if not res.get("first_call_concurrent") else None)
     else:
-        e = errs.get(phase) or errs.get("first_" + phase) or errs.get("fwd") or errs.get("first_fwd")
+        e = phase_error(res, phase)
     return e or res.get("ended")
 
 

@@ -41,6 +41,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import _ops  # noqa: E402
+import bench_ops  # noqa: E402
 
 DEFAULT_RESULTS = HERE / "results"
 REASON_WIDTH = 56  # characters of an error text kept in a Markdown cell
@@ -166,11 +167,8 @@ def why_missing(res: Any, phase: str) -> str:
         return "not in this run"
     if res.get("missing"):
         return f"missing: {res['missing']}"
-    errors = res.get("errors") if isinstance(res.get("errors"), dict) else {}
-    names = ("fwd", "first_fwd") if phase == "fwd" else ("fwd_bwd", "first_fwd_bwd", "fwd", "first_fwd")
-    for name in names:
-        if errors.get(name):
-            return str(errors[name])
+    if error := bench_ops.phase_error(res, phase):
+        return str(error)
     if res.get("ended"):
         return f"worker ended: {res['ended']}"
     if res.get("skipped"):
