@@ -40,15 +40,9 @@ def test_forced_sm_count_is_scoped():
     assert launch.sm_count(cpu) == 0
 
 
-@pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
-    ("simple_gla", "simple_gla", None),
-    ("simple_gla", "simple_gla", [0, 50, 50, 130]),
-    ("gla", "gla", None),
-    ("gla", "gla", [0, 50, 50, 130]),
-])
-def test_gated_ops_with_split_state_walk(monkeypatch, package, op, cu_seqlens):
-    """As on a GPU with many SMs: fwd_h (forward, and its recomputation in the backward) runs on 32x32
-    tiles instead of the plan's 64x64, and the outputs and every gradient still match the reference."""
+@pytest.fixture
+def picked_tiles(monkeypatch):
+    """The (BK, BV) of every launch.state_walk_tiles call while the test runs, in order."""
     picked = []
     real = launch.state_walk_tiles
 
@@ -57,6 +51,18 @@ def test_gated_ops_with_split_state_walk(monkeypatch, package, op, cu_seqlens):
         return picked[-1]
 
     monkeypatch.setattr(launch, "state_walk_tiles", spy)
+    return picked
+
+
+@pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
+    ("simple_gla", "simple_gla", None),
+    ("simple_gla", "simple_gla", [0, 50, 50, 130]),
+    ("gla", "gla", None),
+    ("gla", "gla", [0, 50, 50, 130]),
+])
+def test_gated_ops_with_split_state_walk(picked_tiles, package, op, cu_seqlens):
+    """As on a GPU with many SMs: fwd_h (forward, and its recomputation in the backward) runs on 32x32
+    tiles instead of the plan's 64x64, and the outputs and every gradient still match the reference."""
     B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
     pkg, rec = generated(package), recurrence(package)
     x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=5)
@@ -67,23 +73,15 @@ def test_gated_ops_with_split_state_walk(monkeypatch, package, op, cu_seqlens):
                                         {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
                                         name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
-    assert picked and set(picked) == {(32, 32)}, picked
+    assert picked_tiles and set(picked_tiles) == {(32, 32)}, picked_tiles
 
 
-def test_plan_override_pins_the_state_walk_tiles(monkeypatch):
+def test_plan_override_pins_the_state_walk_tiles(picked_tiles):
     """A plan override is an experiment (sweep_plans.py): its fwd_h tiles run as given, not split."""
-    picked = []
-    real = launch.state_walk_tiles
-
-    def spy(*args):
-        picked.append(real(*args))
-        return picked[-1]
-
-    monkeypatch.setattr(launch, "state_walk_tiles", spy)
     pkg, rec = generated("simple_gla"), recurrence("simple_gla")
     x = sample_inputs(rec, 1, 64, 2, 64, 64, torch.float32, seed=6)
     with launch.forced_sm_count(1000):
         pkg.chunk_simple_gla(*x.values())
         with overridden_plans({"fwd_h": {"block_k": 64, "block_v": 64}}):
             pkg.chunk_simple_gla(*x.values())
-    assert picked == [(32, 32), (64, 64)]
+    assert picked_tiles == [(32, 32), (64, 64)]
