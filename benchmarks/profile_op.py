@@ -2,9 +2,13 @@
 """Per-kernel GPU time of one generated op, forward and forward+backward (torch.profiler).
 
     python benchmarks/profile_op.py --op dplr_delta_rule --shape 4x4096x16x128 [--mode chunk]
+    python benchmarks/profile_op.py --op delta_rule --shape 2x8192x8x256 --lib fla --fwd-only
 
 Prints one row per kernel: calls, total and per-call CUDA time over ``--iters`` repetitions after a
-warm-up, so a slow kernel is found by measurement rather than guessed.
+warm-up, so a slow kernel is found by measurement rather than guessed. ``--lib fla`` profiles
+fla-core's function of the same name (its first calls autotune: seed ``TRITON_CACHE_DIR`` with
+saved autotune results, see bench_ops.py ``--autotune-cache``), so the two are compared kernel by
+kernel; ``--fwd-only`` leaves the backward out.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ def main() -> int:
     p.add_argument("--mode", default="chunk")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--gate-lower-bound", type=float, default=None, help="passed as gate_lower_bound")
+    p.add_argument("--lib", choices=("ours", "fla"), default="ours")
+    p.add_argument("--fwd-only", action="store_true", help="profile the forward alone (no backward)")
     args = p.parse_args()
     op = _ops.OPS[args.op]
     shape = _ops.parse_shape(args.shape)
-    fn = _ops.resolve_ours(op, args.mode)
+    fn = (_ops.resolve_ours if args.lib == "ours" else _ops.resolve_fla)(op, args.mode)
     x = _ops.make_inputs(op, shape, torch.bfloat16, "cuda", seed=0)  # (names, args, kwargs)
     _, leaves, _ = x
     scale = _ops.scale_for(op, shape[3])
@@ -44,6 +50,10 @@ def main() -> int:
         for t in leaves:  # accumulating into .grad would add one elementwise kernel per input
             if isinstance(t, torch.Tensor):
                 t.grad = None
+        if args.fwd_only:
+            with torch.no_grad():
+                fn(*leaves, scale=scale, **extra)
+            return
         o, _ = fn(*leaves, scale=scale, **extra)
         do = torch.ones_like(o) if do is None else do
         o.backward(do)
@@ -63,7 +73,9 @@ def main() -> int:
             t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
             rows[e.key] = (e.count, t)
     total = sum(t for _, t in rows.values())
-    print(f"{args.op} {args.mode} {args.shape} bf16 {extra}: fwd+bwd per iteration {total / args.iters / 1000:.3f} ms")
+    what = "fwd" if args.fwd_only else "fwd+bwd"
+    print(f"{args.lib} {args.op} {args.mode} {args.shape} bf16 {extra}: {what} per iteration "
+          f"{total / args.iters / 1000:.3f} ms")
     for name, (count, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:15]:
         print(f"  {name[:60]:60s} calls/it {count / args.iters:4.1f}  ms/it {t / args.iters / 1000:8.3f}  "
               f"{100 * t / total:5.1f}%")

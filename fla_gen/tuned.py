@@ -55,6 +55,7 @@ _DPLR_FACTORED = (
     "(benchmarks/results/{result}): {times}")
 _DPLR_K128 = {"shape": "4x4096x16x128", "result": "2026-11-23_h100_sweep_rwkv7_factored_s5.json"}
 _DPLR_K64 = {"shape": "8x2048x32x64", "result": "2026-11-23_h100_sweep_rwkv7_k64_s6.txt"}
+_DPLR_K256 = {"shape": "2x8192x8x256", "result": "2026-11-23_h100_sweep_rwkv7_k256_s7.json"}
 
 TUNED: tuple[TunedPlan, ...] = (
     # The wide-V experiment of benchmarks/RESULTS.md: it agrees with plan.py's wide_v rule, and pins
@@ -102,6 +103,19 @@ TUNED: tuple[TunedPlan, ...] = (
     TunedPlan("sm90", "chunk_dplr", "bwd_dqk", "bf16", 64, 32, 32, 4, 1, _DPLR_FACTORED.format(
         **_DPLR_K64, what="32-wide K blocks, 4 warps, as at head dim 128",
         times="kernel 3.768 ms at BK 16 / 4 warps, 2.084 at BK 32 / 4 warps; forward+backward 8.58 -> 6.87 ms")),
+    # And at head dim 256, where the rules left rwkv7 at 4.78 / 16.77 ms: the same two changes, plus
+    # bwd_dA on 4 warps (the rule's 8 warps share a [256, 16] state tile too thinly).
+    TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 256, 32, 16, 2, 1, _DPLR_FACTORED.format(
+        **_DPLR_K256, what="32-wide K blocks, 2 warps, as at head dims 64 and 128",
+        times="kernel 2.070 ms at BK 16 / 4 warps, 1.083 at BK 32 / 2 warps; forward 4.773 -> 3.768 ms")),
+    TunedPlan("sm90", "chunk_dplr", "bwd_dqk", "bf16", 256, 32, 16, 4, 1, _DPLR_FACTORED.format(
+        **_DPLR_K256, what="32-wide K blocks, 4 warps, as at head dims 64 and 128",
+        times="kernel 3.686 ms at BK 16 / 4 warps, 2.178 at BK 32; forward+backward 16.75 -> 15.46 ms")),
+    TunedPlan("sm90", "chunk_dplr", "bwd_dA", "bf16", 256, 256, 16, 4, 2,
+              "4 warps on the [256, 16] state tile; measured on H100 2026-11-23 for chunk_rwkv7 at 2x8192x8x256 "
+              "bf16 (benchmarks/sweep_plans.py --stages bwd_dA, "
+              "benchmarks/results/2026-11-23_h100_sweep_rwkv7_k256_s7.json): kernel 2.893 ms on 8 warps, 1.665 "
+              "on 4; forward+backward 16.86 -> 15.79 ms"),
 )
 
 

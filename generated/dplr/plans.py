@@ -333,6 +333,24 @@ CHUNK_PLANS = {
                                  reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
         ),
     ),
+    ("sm90", "fp16", 256): Plan(
+        "sm90", "fp16", 256, chunk_size=16,
+        chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
+        kernels=(
+            ("fwd_intra", LaunchConfig(16, 16, num_warps=4, num_stages=1,
+                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4)')),
+            ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
+                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~74 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=2,
+                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~57 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~33 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dA", LaunchConfig(256, 16, num_warps=8, num_stages=2,
+                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~44 KB of 227 KB; 8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)')),
+            ("bwd_dqk", LaunchConfig(16, 16, num_warps=4, num_stages=1,
+                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
+        ),
+    ),
     ("sm90", "bf16", 64): Plan(
         "sm90", "bf16", 64, chunk_size=16,
         chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
@@ -373,18 +391,18 @@ CHUNK_PLANS = {
         "sm90", "bf16", 256, chunk_size=16,
         chunk_size_reason="16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots of factors around the middle row on every K block whose gates move at most launch.factor_span inside the chunk (checked at run time), else built entry by entry in [16, 16, BK] register tiles (never a factor that can overflow)",
         kernels=(
-            ("fwd_intra", LaunchConfig(16, 16, num_warps=4, num_stages=1,
-                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4)')),
+            ("fwd_intra", LaunchConfig(32, 16, num_warps=2, num_stages=1,
+                                 reason='tuned (fla_gen/tuned.py): 32-wide K blocks, 2 warps, as at head dims 64 and 128; measured on H100 2026-11-23 for chunk_rwkv7 at 2x8192x8x256 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_k256_s7.json): kernel 2.070 ms at BK 16 / 4 warps, 1.083 at BK 32 / 2 warps; forward 4.773 -> 3.768 ms')),
             ("fwd_h", LaunchConfig(256, 16, num_warps=4, num_stages=2,
                                  reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~74 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dh", LaunchConfig(256, 16, num_warps=4, num_stages=2,
                                  reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~57 KB of 227 KB; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("bwd_dv", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~33 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
-            ("bwd_dA", LaunchConfig(256, 16, num_warps=8, num_stages=2,
-                                 reason='whole K (256) with a [K, 16] fp32 state tile in registers: BV = 16 keeps it from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; 2 stage(s): ~44 KB of 227 KB; 8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)')),
-            ("bwd_dqk", LaunchConfig(16, 16, num_warps=4, num_stages=1,
-                                 reason='K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay tiles under strong gates; 4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), 6.12 at 2)')),
+            ("bwd_dA", LaunchConfig(256, 16, num_warps=4, num_stages=2,
+                                 reason='tuned (fla_gen/tuned.py): 4 warps on the [256, 16] state tile; measured on H100 2026-11-23 for chunk_rwkv7 at 2x8192x8x256 bf16 (benchmarks/sweep_plans.py --stages bwd_dA, benchmarks/results/2026-11-23_h100_sweep_rwkv7_k256_s7.json): kernel 2.893 ms on 8 warps, 1.665 on 4; forward+backward 16.86 -> 15.79 ms')),
+            ("bwd_dqk", LaunchConfig(32, 16, num_warps=4, num_stages=1,
+                                 reason='tuned (fla_gen/tuned.py): 32-wide K blocks, 4 warps, as at head dims 64 and 128; measured on H100 2026-11-23 for chunk_rwkv7 at 2x8192x8x256 bf16 with RWKV-7 gates (every K block takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk (benchmarks/results/2026-11-23_h100_sweep_rwkv7_k256_s7.json): kernel 3.686 ms at BK 16 / 4 warps, 2.178 at BK 32; forward+backward 16.75 -> 15.46 ms')),
         ),
     ),
     ("sm90", "fp32", 64): Plan(
@@ -554,6 +572,7 @@ CHUNK_PLANS = {
 CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
     ("sm90", 64),
     ("sm90", 128),
+    ("sm90", 256),
 )))
 
 # fused_recurrent_dplr: the decode kernels
