@@ -72,15 +72,24 @@ TUNED: tuple[TunedPlan, ...] = (
         kernels="0.213 -> 0.167 ms (gated_delta_rule 2x8192x8x256), 0.202 -> 0.161 (delta_rule); "
                 "benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json",
         forwards="1.277 -> 1.229 and 1.060 -> 1.016 ms")),
-    # The state walk at head dim 256: the rule's [256, 16] state tile (4 warps, no spill) gives
-    # N = 16 dots; 8 warps hold a [256, 32] tile in the same registers per thread.
-    TunedPlan("sm90", "chunk_delta", "fwd_h", "bf16", 256, 256, 32, 8, 2,
-              "[256, 32] fp32 state tile over 8 warps (32 registers per thread for the state, as [256, 16] on 4): "
-              "N = 32 dots and half the programs; measured on H100 2026-11-23 at 2x8192x8x256 bf16 "
-              "(benchmarks/sweep_plans.py --stages fwd_wu,fwd_h,bwd_dh, "
-              "benchmarks/results/2026-11-23_h100_sweep_delta_k256_s6.json): fwd_h kernel 0.830 -> 0.551 ms "
-              "(gated_delta_rule), 0.641 -> 0.456 (delta_rule); forward 1.271 -> 0.998 and 1.047 -> 0.867 ms. "
-              "The same change to bwd_dh measured slower (0.781 -> 0.822 ms): not taken"),
+    # The state walk at head dim 256: the rule's [256, 16] state tile (4 warps, no spill) gives N = 16
+    # dots. Session 6 measured [256, 32] on 8 warps; session 7 added fla-core's own autotuned fwd_h config
+    # (BV 32, 4 warps, 3 stages), which the first sweep had not tried.
+    TunedPlan("sm90", "chunk_delta", "fwd_h", "bf16", 256, 256, 32, 4, 3,
+              "[256, 32] fp32 state tile on 4 warps, 3 stages; measured on H100 2026-11-23 at 2x8192x8x256 bf16 "
+              "(benchmarks/sweep_plans.py --stages fwd_h): session 6 (2026-11-23_h100_sweep_delta_k256_s6.json) "
+              "fwd_h 0.641 -> 0.456 ms (delta_rule) and 0.830 -> 0.551 (gated) at [256, 32] on 8 warps against "
+              "the rule's [256, 16]; session 7 (2026-11-23_h100_sweep_delta_k256_round2_s7.json, "
+              "..._sweep_fwd_h_rowblocks_k256_s7.json) 0.409 -> 0.353 ms (delta_rule) and 0.526 -> 0.476 "
+              "(gated) on 4 warps and 3 stages against 8 warps and 2; 4 stages do not fit (282 KB)"),
+    # The backward's state walk at head dim 256: fla-core's own autotuned config for its dhu kernel
+    # (BV 32, 4 warps, 2 stages), which the first sweep had not tried.
+    TunedPlan("sm90", "chunk_delta", "bwd_dh", "bf16", 256, 256, 32, 4, 2,
+              "[256, 32] fp32 state tile on 4 warps, 2 stages; measured on H100 2026-11-23 at 2x8192x8x256 bf16 "
+              "(benchmarks/sweep_plans.py --stages fwd_h,bwd_dh, "
+              "benchmarks/results/2026-11-23_h100_sweep_delta_k256_round2_s7.json): bwd_dh kernel 0.675 -> 0.494 ms "
+              "(delta_rule), 0.784 -> 0.569 (gated_delta_rule) against the rule's [256, 16] on 4 warps, 1 stage; "
+              "forward+backward 3.024 -> 2.836 and 3.602 -> 3.381 ms"),
     # The any-gate DPLR plan's two pairwise kernels, once they took the factored dots (their 8 / 4 warps
     # had been measured on the entry-wise path); strong gates still run the entry-wise path with these.
     TunedPlan("sm90", "chunk_dplr", "fwd_intra", "bf16", 128, 32, 16, 2, 1, _DPLR_FACTORED.format(

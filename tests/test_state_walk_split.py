@@ -1,5 +1,6 @@
-"""The state walk's small-grid split (launch.state_walk_tiles): the tiles it picks, and the gated chunk
-ops computed with the split tiles in the interpreter against the float64 reference."""
+"""The state walk's small-grid split (launch.state_walk_tiles, and launch.whole_k_walk_block_v for the walks
+that keep all of K): the tiles they pick, and the chunk ops computed with the split tiles in the
+interpreter against the float64 reference."""
 
 from __future__ import annotations
 
@@ -85,3 +86,53 @@ def test_plan_override_pins_the_state_walk_tiles(picked_tiles):
         with overridden_plans({"fwd_h": {"block_k": 64, "block_v": 64}}):
             pkg.chunk_simple_gla(*x.values())
     assert picked_tiles == [(32, 32), (64, 64)]
+
+
+@pytest.mark.parametrize(("block_v", "V", "walks", "sms", "expected"), [
+    # the measured case: 1x16384x16x128 on 132 SMs, 64 programs -> 128
+    (32, 128, 16, 132, 16),
+    # 2x8192x8x256: 128 programs, more than half the SMs: kept (halving measured slower)
+    (32, 256, 16, 132, 32),
+    # 4x4096x16x128: 256 programs
+    (32, 128, 64, 132, 32),
+    # never below 16; off CUDA (0 SMs) nothing changes
+    (64, 64, 1, 1000, 16),
+    (32, 128, 16, 0, 32),
+])
+def test_whole_k_walk_block_v(block_v, V, walks, sms, expected):
+    assert launch.whole_k_walk_block_v(block_v, V, walks, sms) == expected
+
+
+@pytest.fixture
+def picked_block_v(monkeypatch):
+    """The BV of every launch.whole_k_walk_block_v call while the test runs, in order."""
+    picked = []
+    real = launch.whole_k_walk_block_v
+
+    def spy(*args):
+        picked.append(real(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(launch, "whole_k_walk_block_v", spy)
+    return picked
+
+
+@pytest.mark.parametrize(("op", "cu_seqlens"), [
+    ("delta_rule", None),
+    ("gated_delta_rule", None),
+    ("gated_delta_rule", [0, 50, 50, 130]),
+])
+def test_delta_ops_with_split_state_walk(picked_block_v, op, cu_seqlens):
+    """As on a GPU with many SMs: the delta family's fwd_h (forward, and its recomputation in the backward)
+    runs on 16-wide V tiles instead of the plan's 64, and the outputs and every gradient match the reference."""
+    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
+    pkg, rec = generated(op), recurrence(op)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=8)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    with launch.forced_sm_count(1000):
+        result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
+                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
+                                        name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors
+    assert picked_block_v and set(picked_block_v) == {16}, picked_block_v

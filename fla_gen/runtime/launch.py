@@ -92,6 +92,23 @@ def state_walk_tiles(block_k: int, block_v: int, K: int, V: int, walks: int, sms
     return BK, BV
 
 
+WHOLE_K_WALK_MIN_BLOCK_V = 16
+
+
+def whole_k_walk_block_v(block_v: int, V: int, walks: int, sms: int) -> int:
+    """The V tile of a sequential walk that holds all of K in one state tile (grid (V / BV, walks)): the
+    plan's, halved (never below 16) while the grid fills at most half of ``sms``. K cannot split there
+    (v_new = U - W h contracts over it), so only V gives programs. Measured on the H100 (fwd_h of the
+    delta family, benchmarks/RESULTS.md session 7): at 1x16384x16x128, 64 programs on 132 SMs, BV 32 -> 16
+    took fwd_h 0.452 -> 0.420 ms (delta_rule) and 0.690 -> 0.634 (gated_delta_rule); at 2x8192x8x256, 128
+    programs, BV 16 measured 0.589 ms against 0.353-0.374 at 32, hence half the SMs, not all of them.
+    ``walks``: sequences times heads (N * H); ``sms`` 0 (CPU, or a pinned plan) keeps the plan's tile."""
+    BV = block_v
+    while 2 * cdiv(V, BV) * walks <= sms and BV > WHOLE_K_WALK_MIN_BLOCK_V:
+        BV //= 2
+    return BV
+
+
 def num_chunks(T: int, BT: int, chunk_indices: torch.Tensor | None) -> int:
     """Chunks per sequence of length T (dense), or of the whole packed batch (varlen: the rows of
     ``chunk_indices`` [NT, 2]), without a sync."""

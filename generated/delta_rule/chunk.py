@@ -281,17 +281,18 @@ def delta_rule_fwd_h_kernel(
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_t in range(0, NT):
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        # each [BT, BK] tile is loaded right before its dot (one at a time in shared memory when the
-        # loop is not software-pipelined)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_u = tl.load(u + o_tv, mask=m_tv, other=0.)
+        # U is loaded ahead of the state's store and its dot, and v_new is rounded to the input dtype once
+        # for the update's dot: fwd_h 0.457 -> 0.409 ms at 2x8192x8x256 (H100, the same plan; sessions 6
+        # and 7 of benchmarks/RESULTS.md)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32)
+        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         # v_new = U - W h (the state is rounded to the input dtype for the dot, as everywhere)
-        b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_u.to(tl.float32))
+        b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_vn)
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
@@ -707,7 +708,8 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
-        chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None.
+        chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
+        g_cum: [B, T, H] float32, the chunk-local cumulative gate for the sequential walks (None without a gate).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -719,6 +721,7 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
     u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
+    g_cum = None
     delta_rule_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -744,7 +747,7 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return w, u, Ai, dv_local
+    return w, u, Ai, dv_local, g_cum
 
 
 def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
@@ -760,7 +763,8 @@ def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indic
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
     h = k.new_empty(B, NT, H, K, V)
     v_new = torch.empty_like(u)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -813,9 +817,9 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     V = v.shape[-1]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    w, u, _, _ = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
     h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
-    del w, u  # read by fwd_h only: free them before o is allocated
+    del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -861,7 +865,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     NT = launch.num_chunks(T, BT, chunk_indices)
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
-    w, u, Ai, dv_local = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan)
     h, v_new, _ = _chunk_h(k, w, u, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del u
 
@@ -896,7 +900,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    del w, dv_local
+    del w, dv_local, g_cum
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

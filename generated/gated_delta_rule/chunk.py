@@ -32,6 +32,7 @@ def gated_delta_rule_fwd_wu_kernel(
     k,
     v,
     g,
+    g_cum,
     beta,
     do,
     Ai,
@@ -227,6 +228,8 @@ def gated_delta_rule_fwd_wu_kernel(
     b_G = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
+    if USE_G:  # for the sequential walks (walked_chunk_gate)
+        tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t)
     b_Aw = (b_Ai * (b_beta * tl.exp(b_G))[None, :]).to(k.dtype.element_ty)
     b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
     # k q^T for dv_local (backward only), accumulated in the W loop that loads k anyway
@@ -262,7 +265,7 @@ def gated_delta_rule_fwd_h_kernel(
     k,
     w,
     u,
-    g,
+    g_cum,
     h,
     v_new,
     h0,
@@ -309,24 +312,25 @@ def gated_delta_rule_fwd_h_kernel(
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_t in range(0, NT):
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        # each [BT, BK] tile is loaded right before its dot (one at a time in shared memory when the
-        # loop is not software-pipelined)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_u = tl.load(u + o_tv, mask=m_tv, other=0.)
+        # U is loaded ahead of the state's store and its dot, and v_new is rounded to the input dtype once
+        # for the update's dot: fwd_h 0.457 -> 0.409 ms at 2x8192x8x256 (H100, the same plan; sessions 6
+        # and 7 of benchmarks/RESULTS.md)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32)
+        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         # v_new = U - W h (the state is rounded to the input dtype for the dot, as everywhere)
-        b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_u.to(tl.float32))
+        b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_vn)
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
-        # G[i]: cumulative log gate of the chunk up to token i (fp32). Rows past the sequence end get gate 0,
-        # so G is flat there and G[BT - 1] is the log decay of the whole chunk.
+        # G[i]: cumulative log gate of the chunk up to token i, as fwd_wu stored it (fp32); b_GL: its last valid row
         b_G = tl.zeros([BT], dtype=tl.float32)
+        b_GL = 0.
         if USE_G:
-            b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
-        b_GL = tl.sum(tl.where(o_i == BT - 1, b_G, 0.), axis=0)
+            b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
+            b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_new_j^T; exp(G_L - G_j) <= 1
         b_vn *= tl.exp(b_GL - b_G)[:, None]
         b_h *= tl.exp(b_GL)
@@ -421,7 +425,7 @@ def gated_delta_rule_bwd_dh_kernel(
     q,
     k,
     w,
-    g,
+    g_cum,
     do,
     dv_local,
     dh,
@@ -486,12 +490,12 @@ def gated_delta_rule_bwd_dh_kernel(
         b_k = tl.load(k + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dvn = tl.dot(b_k, b_dh.to(b_k.dtype))
         b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-        # G[i]: cumulative log gate of the chunk up to token i (fp32). Rows past the sequence end get gate 0,
-        # so G is flat there and G[BT - 1] is the log decay of the whole chunk.
+        # G[i]: cumulative log gate of the chunk up to token i, as fwd_wu stored it (fp32); b_GL: its last valid row
         b_G = tl.zeros([BT], dtype=tl.float32)
+        b_GL = 0.
         if USE_G:
-            b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
-        b_GL = tl.sum(tl.where(o_i == BT - 1, b_G, 0.), axis=0)
+            b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
+            b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         b_dvn = b_dvn * tl.exp(b_GL - b_G)[:, None] + tl.load(dv_local + o_tv, mask=m_tv, other=0.)
         b_do = (b_do * (scale * tl.exp(b_G))[:, None]).to(b_do.dtype)
         b_dh *= tl.exp(b_GL)
@@ -816,7 +820,8 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
-        chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None.
+        chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
+        g_cum: [B, T, H] float32, the chunk-local cumulative gate for the sequential walks (None without a gate).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -828,11 +833,13 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
+    g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
     gated_delta_rule_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
         v,
         g,
+        g_cum,
         beta,
         do,
         Ai,
@@ -855,11 +862,12 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return w, u, Ai, dv_local
+    return w, u, Ai, dv_local, g_cum
 
 
-def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """States at the start of every chunk, v_new = U - W h, and optionally the final state.
+def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+    """States at the start of every chunk, v_new = U - W h, and optionally the final state (g_cum: [B, T, H]
+    float32 from _chunk_wu, or None).
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
@@ -871,7 +879,8 @@ def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_in
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
     h = k.new_empty(B, NT, H, K, V)
     v_new = torch.empty_like(u)
     final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
@@ -879,7 +888,7 @@ def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_in
         k,
         w,
         u,
-        g,
+        g_cum,
         h,
         v_new,
         initial_state,
@@ -893,7 +902,7 @@ def _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_in
         BT=BT,
         BK=BK,
         BV=BV,
-        USE_G=g is not None,
+        USE_G=g_cum is not None,
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
@@ -927,9 +936,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     V = v.shape[-1]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    w, u, _, _ = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    h, v_new, final_state = _chunk_h(k, w, u, g, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
-    del w, u  # read by fwd_h only: free them before o is allocated
+    w, u, _, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    h, v_new, final_state = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -978,8 +987,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
-    w, u, Ai, dv_local = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan)
-    h, v_new, _ = _chunk_h(k, w, u, g, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    h, v_new, _ = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del u
 
     cfg = plan.config("bwd_dh")
@@ -991,7 +1000,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         q,
         k,
         w,
-        g,
+        g_cum,
         do,
         dv_local,
         dh,
@@ -1008,14 +1017,14 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         BT=BT,
         BK=BK,
         BV=BV,
-        USE_G=g is not None,
+        USE_G=g_cum is not None,
         USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    del w, dv_local
+    del w, dv_local, g_cum
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
