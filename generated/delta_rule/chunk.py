@@ -285,9 +285,9 @@ def delta_rule_fwd_h_kernel(
         m_t = i_t * BT + o_i < T_seq
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        # U is loaded ahead of the state's store and its dot, and v_new is rounded to the input dtype once
-        # for the update's dot: fwd_h 0.457 -> 0.409 ms at 2x8192x8x256 (H100, the same plan; sessions 6
-        # and 7 of benchmarks/RESULTS.md)
+        # U is loaded first, as the dot's accumulator, ahead of the state's store: with the same launch
+        # config ([256, 32], 8 warps, 2 stages) fwd_h took 0.457 ms at 2x8192x8x256 with U loaded after
+        # the store and 0.409-0.412 with it first (H100, across device calls; benchmarks/RESULTS.md, session 7)
         b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32)
         tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
