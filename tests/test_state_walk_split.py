@@ -41,18 +41,23 @@ def test_forced_sm_count_is_scoped():
     assert launch.sm_count(cpu) == 0
 
 
-@pytest.fixture
-def picked_tiles(monkeypatch):
-    """The (BK, BV) of every launch.state_walk_tiles call while the test runs, in order."""
+def spy_on_launch(monkeypatch, name: str) -> list:
+    """What every call of launch.<name> returns while the test runs, in order."""
     picked = []
-    real = launch.state_walk_tiles
+    real = getattr(launch, name)
 
     def spy(*args):
         picked.append(real(*args))
         return picked[-1]
 
-    monkeypatch.setattr(launch, "state_walk_tiles", spy)
+    monkeypatch.setattr(launch, name, spy)
     return picked
+
+
+@pytest.fixture
+def picked_tiles(monkeypatch):
+    """The (BK, BV) of every launch.state_walk_tiles call while the test runs, in order."""
+    return spy_on_launch(monkeypatch, "state_walk_tiles")
 
 
 @pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
@@ -106,15 +111,7 @@ def test_whole_k_walk_block_v(block_v, V, walks, sms, expected):
 @pytest.fixture
 def picked_block_v(monkeypatch):
     """The BV of every launch.whole_k_walk_block_v call while the test runs, in order."""
-    picked = []
-    real = launch.whole_k_walk_block_v
-
-    def spy(*args):
-        picked.append(real(*args))
-        return picked[-1]
-
-    monkeypatch.setattr(launch, "whole_k_walk_block_v", spy)
-    return picked
+    return spy_on_launch(monkeypatch, "whole_k_walk_block_v")
 
 
 @pytest.mark.parametrize(("op", "cu_seqlens"), [
