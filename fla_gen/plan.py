@@ -95,6 +95,8 @@ class KernelShape:
     split_small_grid: bool = False
     # The same for a walk that keeps all of K (whole_k): only its V tile halves (launch.whole_k_walk_block_v).
     split_small_grid_v: bool = False
+    # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
+    gate_only: bool = False
 
 
 SMALL_GRID_SPLIT = ("at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than "
@@ -128,7 +130,7 @@ _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"
                                          ("BK", "BV")), (("BT", "BT"),),
                            warps=(ArchRule("sm90", 8, _WIDE_GRADS, (128, 256)),
                                   ArchRule("sm100", 8, _WIDE_GRADS, (128, 256))))
-_CUMSUM = KernelShape("cumsum", (), pipelined=False)
+_CUMSUM = KernelShape("cumsum", (), pipelined=False, gate_only=True)
 
 # Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel bwd_dv (and the former fwd_o that built A
 # itself) stage whole-chunk [BT, BT] products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages
@@ -193,9 +195,10 @@ _DELTA_DH_89 = "1 stage: the whole-K tiles need 98 KB at 2 stages, at the 99 KB 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        # The chunk-local gate cumsum is recomputed inside each kernel (a [BT] scan): no cumsum pass.
+        # The chunk-parallel kernels recompute the chunk-local gate cumsum (a [BT] scan); the sequential
+        # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
-                  (_CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHUNK_DSTATE,
@@ -257,8 +260,10 @@ class PlanError(ValueError):
 def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
     """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure."""
     if rec.family == "gated":
-        chunk = "chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"
-        return ALGORITHMS[chunk], ALGORITHMS["fused_recurrent_gated"]
+        chunk = ALGORITHMS["chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"]
+        if rec.token_gate is None and rec.head_gate is None:
+            chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
+        return chunk, ALGORITHMS["fused_recurrent_gated"]
     if rec.family == "delta":
         if rec.decay_kind == "channel" or rec.head_gate is not None:
             raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "

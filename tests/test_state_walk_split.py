@@ -133,3 +133,30 @@ def test_delta_ops_with_split_state_walk(picked_block_v, op, cu_seqlens):
                                         name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
     assert picked_block_v and set(picked_block_v) == {16}, picked_block_v
+
+
+@pytest.mark.parametrize("absent", ["g", "g_gamma"])
+def test_simple_gla_walks_with_one_gate_absent(absent):
+    """The walks read the cumulative gate from the cumsum pass whichever gate it sums: with g or g_gamma
+    omitted (absent means 0), the outputs and gradients equal those with that gate passed as zeros, which
+    the reference checks."""
+    pkg, rec = generated("simple_gla"), recurrence("simple_gla")
+    x = sample_inputs(rec, 2, 100, 2, 32, 32, torch.float32, seed=9)
+    x[absent] = torch.zeros_like(x[absent])
+    h0 = torch.randn(2, 2, 32, 32)
+    result = compare_with_reference(pkg.chunk_simple_gla, pkg.simple_gla_reference, {**x, "initial_state": h0},
+                                    torch.float32, name="chunk_simple_gla", guard=poisoned_allocations)
+    assert not result.failures(), result.errors
+
+    def run(inputs):
+        leaves = {n: t.clone().requires_grad_(True) for n, t in inputs.items() if t is not None}
+        o, ht = pkg.chunk_simple_gla(**{n: leaves.get(n) for n in inputs}, initial_state=h0,
+                                     output_final_state=True)
+        (o.square().sum() + ht.sum()).backward()
+        return o, ht, {n: t.grad for n, t in leaves.items() if n != absent}
+
+    zeros, omitted = run(x), run({**x, absent: None})
+    torch.testing.assert_close(omitted[0], zeros[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(omitted[1], zeros[1], rtol=1e-5, atol=1e-5)
+    for name, grad in zeros[2].items():
+        torch.testing.assert_close(omitted[2][name], grad, rtol=1e-5, atol=1e-5)

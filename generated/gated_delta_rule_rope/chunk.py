@@ -326,7 +326,7 @@ def gated_delta_rule_rope_fwd_h_kernel(
         # v_new = U - W h (the state is rounded to the input dtype for the dot, as everywhere)
         b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_vn)
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
-        # G[i]: cumulative log gate of the chunk up to token i, as fwd_wu stored it (fp32); b_GL: its last valid row
+        # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
         b_G = tl.zeros([BT], dtype=tl.float32)
         b_GL = 0.
         if USE_G:
@@ -491,7 +491,7 @@ def gated_delta_rule_rope_bwd_dh_kernel(
         b_k = tl.load(k + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dvn = tl.dot(b_k, b_dh.to(b_k.dtype))
         b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-        # G[i]: cumulative log gate of the chunk up to token i, as fwd_wu stored it (fp32); b_GL: its last valid row
+        # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
         b_G = tl.zeros([BT], dtype=tl.float32)
         b_GL = 0.
         if USE_G:

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/simple_gla.fla`.
 """chunk_simple_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_scalar_gate (simple_gla_fwd_h_kernel, simple_gla_fwd_o_kernel, simple_gla_bwd_dh_kernel, simple_gla_bwd_dqkvg_kernel).
+Kernels: chunk_scalar_gate (simple_gla_cumsum_kernel, simple_gla_fwd_h_kernel, simple_gla_fwd_o_kernel, simple_gla_bwd_dh_kernel, simple_gla_bwd_dqkvg_kernel).
 """
 
 import torch
@@ -27,11 +27,54 @@ from .plans import CHUNK_PLANS
 
 
 @triton.jit(do_not_specialize=["T"])
+def simple_gla_cumsum_kernel(
+    g,
+    g_gamma,
+    g_cum,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    USE_G: tl.constexpr,
+    USE_GAMMA: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # One program per (chunk, batch * head): the chunk-local cumulative gate, for the sequential walks.
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        i_hc = i_t.to(tl.int64)
+    else:
+        i_tc = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    o_i = tl.arange(0, BT)
+    m_t = i_tc * BT + o_i < T_seq
+    t0 = bos + i_tc * BT
+    # G[i]: cumulative log gate of the chunk up to token i, in fp32. Rows past the sequence end
+    # get gate 0, so G is flat there and G[BT - 1] is the log decay of the whole chunk.
+    b_gate = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        b_gate += tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    if USE_GAMMA:
+        b_gate += tl.where(m_t, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
+    b_G = tl.cumsum(b_gate, axis=0)
+    tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T"])
 def simple_gla_fwd_h_kernel(
     k,
     v,
-    g,
-    g_gamma,
+    g_cum,
     h,
     h0,
     ht,
@@ -45,7 +88,6 @@ def simple_gla_fwd_h_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_G: tl.constexpr,
-    USE_GAMMA: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -84,15 +126,12 @@ def simple_gla_fwd_h_kernel(
         b_kT = tl.load(p_kT, mask=m_t[None, :] & (o_k[:, None] < K), other=0.0)
         p_v = v + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         b_v = tl.load(p_v, mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
-        # G[i]: cumulative log gate of the chunk up to token i, in fp32. Rows past the sequence end
-        # get gate 0, so G is flat there and G[BT - 1] is the log decay of the whole chunk.
-        b_gate = tl.zeros([BT], dtype=tl.float32)
+        # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
+        b_G = tl.zeros([BT], dtype=tl.float32)
+        b_GL = 0.
         if USE_G:
-            b_gate += tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-        if USE_GAMMA:
-            b_gate += tl.where(m_t, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
-        b_G = tl.cumsum(b_gate, axis=0)
-        b_GL = tl.sum(tl.where(o_i == BT - 1, b_G, 0.0), axis=0)
+            b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
+            b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_j^T; exp(G_L - G_j) <= 1 for gates <= 0.0
         b_v = (b_v * tl.exp(b_GL - b_G)[:, None]).to(b_v.dtype)
         b_h *= tl.exp(b_GL)
@@ -184,8 +223,7 @@ def simple_gla_fwd_o_kernel(
 def simple_gla_bwd_dh_kernel(
     q,
     do,
-    g,
-    g_gamma,
+    g_cum,
     dh,
     dht,
     dh0,
@@ -200,7 +238,6 @@ def simple_gla_bwd_dh_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_G: tl.constexpr,
-    USE_GAMMA: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -240,15 +277,12 @@ def simple_gla_bwd_dh_kernel(
         b_qT = tl.load(p_qT, mask=m_t[None, :] & (o_k[:, None] < K), other=0.0)
         p_do = do + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         b_do = tl.load(p_do, mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
-        # G[i]: cumulative log gate of the chunk up to token i, in fp32. Rows past the sequence end
-        # get gate 0, so G is flat there and G[BT - 1] is the log decay of the whole chunk.
-        b_gate = tl.zeros([BT], dtype=tl.float32)
+        # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
+        b_G = tl.zeros([BT], dtype=tl.float32)
+        b_GL = 0.
         if USE_G:
-            b_gate += tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-        if USE_GAMMA:
-            b_gate += tl.where(m_t, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
-        b_G = tl.cumsum(b_gate, axis=0)
-        b_GL = tl.sum(tl.where(o_i == BT - 1, b_G, 0.0), axis=0)
+            b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
+            b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         b_qT = (b_qT * (scale * tl.exp(b_G))[None, :]).to(b_qT.dtype)
         b_dh *= tl.exp(b_GL)
         b_dh = tl.dot(b_qT, b_do, b_dh, input_precision=DOT_PRECISION)
@@ -446,11 +480,45 @@ def simple_gla_bwd_dqkvg_kernel(
         tl.store(dg_gamma_chunk + i_hc * H + i_h + tl.arange(0, 1), b_dgamma)
 
 
+def _chunk_cumsum(
+    g,
+    g_gamma,
+    B,
+    T,
+    H,
+    device,
+    cu_seqlens,
+    chunk_indices,
+    plan,
+):
+    """The chunk-local cumulative log gate for the sequential walks: [B, T, H] float32 (G of each token
+    summed from its chunk's first token), or None without a gate."""
+    if g is None and g_gamma is None:
+        return None
+    BT = plan.chunk_size
+    cfg = plan.config("cumsum")
+    g_cum = torch.empty(B, T, H, dtype=torch.float32, device=device)
+    simple_gla_cumsum_kernel[(launch.num_chunks(T, BT, chunk_indices), B * H)](
+        g,
+        g_gamma,
+        g_cum,
+        cu_seqlens,
+        chunk_indices,
+        T,
+        H=H,
+        BT=BT,
+        USE_G=g is not None,
+        USE_GAMMA=g_gamma is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=cfg.num_warps,
+    )
+    return g_cum
+
+
 def _chunk_fwd_h(
     k,
     v,
-    g,
-    g_gamma,
+    g_cum,
     initial_state,
     output_final_state,
     cu_seqlens,
@@ -462,8 +530,7 @@ def _chunk_fwd_h(
 
     Args:
         k: [B, T, H, K]; v: [B, T, H, V]
-        g: [B, T, H] per-token log gate, or None
-        g_gamma: [H] per-head log gate, or None
+        g_cum: [B, T, H] float32, the chunk-local cumulative log gate (_chunk_cumsum), or None
         initial_state: [N, H, K, V] float32, or None
 
     Returns:
@@ -484,8 +551,7 @@ def _chunk_fwd_h(
     simple_gla_fwd_h_kernel[grid](
         k,
         v,
-        g,
-        g_gamma,
+        g_cum,
         h,
         initial_state,
         final_state,
@@ -498,8 +564,7 @@ def _chunk_fwd_h(
         BT=BT,
         BK=BK,
         BV=BV,
-        USE_G=g is not None,
-        USE_GAMMA=g_gamma is not None,
+        USE_G=g_cum is not None,
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
@@ -524,7 +589,7 @@ def chunk_fwd(
     chunk_offsets,
     plan,
 ):
-    """Chunked forward: 2 kernels (per-chunk states, then outputs).
+    """Chunked forward: 3 kernels (the cumulative gate, per-chunk states, then outputs).
 
     Args:
         q, k: [B, T, H, K]; v: [B, T, H, V]
@@ -535,7 +600,7 @@ def chunk_fwd(
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and
             chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_h, fwd_o).
+        plan: the Plan (stages cumsum, fwd_h, fwd_o).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -545,11 +610,11 @@ def chunk_fwd(
     V = v.shape[-1]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
+    g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
     h, final_state = _chunk_fwd_h(
         k,
         v,
-        g,
-        g_gamma,
+        g_cum,
         initial_state,
         output_final_state,
         cu_seqlens,
@@ -608,7 +673,7 @@ def chunk_bwd(
     """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv/dg).
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V]
-        float32 or None (gradient of the final state). Plan stages: fwd_h, bwd_dh, bwd_dqkvg.
+        float32 or None (gradient of the final state). Plan stages: cumsum, fwd_h, bwd_dh, bwd_dqkvg.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -621,11 +686,11 @@ def chunk_bwd(
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
     h, _ = _chunk_fwd_h(
         k,
         v,
-        g,
-        g_gamma,
+        g_cum,
         initial_state,
         False,
         cu_seqlens,
@@ -642,8 +707,7 @@ def chunk_bwd(
     simple_gla_bwd_dh_kernel[grid](
         q,
         do,
-        g,
-        g_gamma,
+        g_cum,
         dh,
         dht,
         dh0,
@@ -657,8 +721,7 @@ def chunk_bwd(
         BT=BT,
         BK=BK,
         BV=BV,
-        USE_G=g is not None,
-        USE_GAMMA=g_gamma is not None,
+        USE_G=g_cum is not None,
         USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         IS_VARLEN=cu_seqlens is not None,

@@ -13,6 +13,8 @@ CHUNK_PLANS = {
         "sm80", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -27,6 +29,8 @@ CHUNK_PLANS = {
         "sm80", "bf16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -41,6 +45,8 @@ CHUNK_PLANS = {
         "sm80", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -55,6 +61,8 @@ CHUNK_PLANS = {
         "sm80", "fp32", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -69,6 +77,8 @@ CHUNK_PLANS = {
         "sm80", "fp32", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -83,6 +93,8 @@ CHUNK_PLANS = {
         "sm80", "fp32", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 163 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -97,6 +109,8 @@ CHUNK_PLANS = {
         "sm86", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -111,6 +125,8 @@ CHUNK_PLANS = {
         "sm86", "bf16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -125,6 +141,8 @@ CHUNK_PLANS = {
         "sm86", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -139,6 +157,8 @@ CHUNK_PLANS = {
         "sm86", "fp32", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -153,6 +173,8 @@ CHUNK_PLANS = {
         "sm86", "fp32", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -167,6 +189,8 @@ CHUNK_PLANS = {
         "sm86", "fp32", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -181,6 +205,8 @@ CHUNK_PLANS = {
         "sm89", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -195,6 +221,8 @@ CHUNK_PLANS = {
         "sm89", "bf16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -209,6 +237,8 @@ CHUNK_PLANS = {
         "sm89", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=2,
@@ -223,6 +253,8 @@ CHUNK_PLANS = {
         "sm89", "fp32", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -237,6 +269,8 @@ CHUNK_PLANS = {
         "sm89", "fp32", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -251,6 +285,8 @@ CHUNK_PLANS = {
         "sm89", "fp32", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=2,
                                  reason="64x64 tiles, 2 stage(s): ~64 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=1,
@@ -265,6 +301,8 @@ CHUNK_PLANS = {
         "sm90", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -279,6 +317,8 @@ CHUNK_PLANS = {
         "sm90", "bf16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -293,6 +333,8 @@ CHUNK_PLANS = {
         "sm90", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -307,6 +349,8 @@ CHUNK_PLANS = {
         "sm90", "fp32", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -321,6 +365,8 @@ CHUNK_PLANS = {
         "sm90", "fp32", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -335,6 +381,8 @@ CHUNK_PLANS = {
         "sm90", "fp32", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -349,6 +397,8 @@ CHUNK_PLANS = {
         "sm100", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -363,6 +413,8 @@ CHUNK_PLANS = {
         "sm100", "bf16", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -377,6 +429,8 @@ CHUNK_PLANS = {
         "sm100", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -391,6 +445,8 @@ CHUNK_PLANS = {
         "sm100", "fp32", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -405,6 +461,8 @@ CHUNK_PLANS = {
         "sm100", "fp32", 128, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
@@ -419,6 +477,8 @@ CHUNK_PLANS = {
         "sm100", "fp32", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
+            ("cumsum", LaunchConfig(64, 64, num_warps=4, num_stages=1,
+                                 reason='elementwise pass, nothing to pipeline')),
             ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason="64x64 tiles, 3 stage(s): ~96 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
