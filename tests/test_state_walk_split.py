@@ -60,6 +60,20 @@ def picked_tiles(monkeypatch):
     return spy_on_launch(monkeypatch, "state_walk_tiles")
 
 
+def compare_on_many_sms(package: str, op: str, cu_seqlens: list[int] | None, seed: int):
+    """chunk_<op> of generated/<package> against its float64 reference, forward and every gradient, launched
+    as on a GPU with 1000 SMs (so the small-grid splits apply) at K = V = 64, dense or varlen."""
+    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=seed)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    with launch.forced_sm_count(1000):
+        return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
+                                      {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
+                                      name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
 @pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
     ("simple_gla", "simple_gla", None),
     ("simple_gla", "simple_gla", [0, 50, 50, 130]),
@@ -69,15 +83,7 @@ def picked_tiles(monkeypatch):
 def test_gated_ops_with_split_state_walk(picked_tiles, package, op, cu_seqlens):
     """As on a GPU with many SMs: fwd_h (forward, and its recomputation in the backward) runs on 32x32
     tiles instead of the plan's 64x64, and the outputs and every gradient still match the reference."""
-    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
-    pkg, rec = generated(package), recurrence(package)
-    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=5)
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    with launch.forced_sm_count(1000):
-        result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
-                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
-                                        name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+    result = compare_on_many_sms(package, op, cu_seqlens, seed=5)
     assert not result.failures(), result.errors
     assert picked_tiles and set(picked_tiles) == {(32, 32)}, picked_tiles
 
@@ -122,15 +128,7 @@ def picked_block_v(monkeypatch):
 def test_delta_ops_with_split_state_walk(picked_block_v, op, cu_seqlens):
     """As on a GPU with many SMs: the delta family's fwd_h (forward, and its recomputation in the backward)
     runs on 16-wide V tiles instead of the plan's 64, and the outputs and every gradient match the reference."""
-    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
-    pkg, rec = generated(op), recurrence(op)
-    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=8)
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    with launch.forced_sm_count(1000):
-        result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
-                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
-                                        name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+    result = compare_on_many_sms(op, op, cu_seqlens, seed=8)
     assert not result.failures(), result.errors
     assert picked_block_v and set(picked_block_v) == {16}, picked_block_v
 
