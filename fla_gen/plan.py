@@ -90,11 +90,10 @@ class KernelShape:
     sub_chunk: bool = False
     # (widest K tile, reason): a measured cap where wider K tiles keep too many [BT, BK] fp32 tiles live.
     max_block_k: tuple[int, str] | None = None
-    # A sequential walk over the chunks with K and V tiles on the grid: the launcher halves the tiles
-    # while the grid has fewer programs than the GPU has SMs (launch.state_walk_tiles).
-    split_small_grid: bool = False
-    # The same for a walk that keeps all of K (whole_k): only its V tile halves (launch.whole_k_walk_block_v).
-    split_small_grid_v: bool = False
+    # A sequential walk over the chunks whose launcher splits its tiles at run time while the grid leaves
+    # SMs idle: the rule, appended to the plan's reason (SMALL_GRID_SPLIT: K and V tiles on the grid,
+    # launch.state_walk_tiles; WHOLE_K_GRID_SPLIT: a walk that keeps all of K, launch.whole_k_walk_block_v).
+    small_grid_split: str = ""
     # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
     gate_only: bool = False
 
@@ -120,7 +119,7 @@ class Algorithm:
     bounded_chunk_size: int = 0
 
 
-_CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), split_small_grid=True)
+_CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
 _CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),))
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
 # Not at head dim 64: there one K tile covers the head and 8 warps lay bwd_dqkvg's dots out apart (3 MMA->MMA
@@ -213,7 +212,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   (KernelShape("fwd_wu", (("BT", "BK"), ("BK", "BT"), ("BT", "BV"), ("BT", "BV")),
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
                    KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
-                               split_small_grid_v=True),
+                               small_grid_split=WHOLE_K_GRID_SPLIT),
                    KernelShape("fwd_o", (("BT", "BK"), ("BK", "BT"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BV")), whole_k=True,
@@ -520,8 +519,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))
-    kernels = tuple((stage, replace(cfg, reason=f"{cfg.reason}; {SMALL_GRID_SPLIT}") if k.split_small_grid
-                     else replace(cfg, reason=f"{cfg.reason}; {WHOLE_K_GRID_SPLIT}") if k.split_small_grid_v else cfg)
+    kernels = tuple((stage, replace(cfg, reason=f"{cfg.reason}; {k.small_grid_split}") if k.small_grid_split else cfg)
                     for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from fla_gen.plan import ARCHS, plan_chunk_size, select_algorithms
+from fla_gen.plan import ARCHS, SMALL_GRID_SPLIT, plan_chunk_size, select_algorithms
 from fla_gen.tuned import TUNED
 from tests.support import REPO_ROOT, SPECS, recurrence
 
@@ -67,7 +67,8 @@ def test_sm90_matrix_kernels_use_wgmma(aot_reports):
         short_chunks = plan_chunk_size(rec, ARCHS["sm90"])[0] < 64
         matrix_stages = {k.stage: algo.name for algo in select_algorithms(rec) for k in algo.kernels
                          if k.tiles and not k.sub_chunk and (k.whole_k or not short_chunks)}
-        split_stages = {k.stage for algo in select_algorithms(rec) for k in algo.kernels if k.split_small_grid}
+        split_stages = {k.stage for algo in select_algorithms(rec) for k in algo.kernels
+                        if k.small_grid_split == SMALL_GRID_SPLIT}
         assert matrix_stages, spec
         for r in rows:
             stage = r["kernel"].removeprefix(f"{op}_").removesuffix("_kernel")
