@@ -110,8 +110,8 @@ def linear_attn_fwd_o_kernel(
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -247,8 +247,8 @@ def linear_attn_bwd_dqkvg_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)

@@ -44,18 +44,15 @@ def simple_gla_cumsum_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it).
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        i_hc = i_t.to(tl.int64)
     else:
         i_tc = i_t
         bos = i_b.to(tl.int64) * T
         T_seq = T
-        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
@@ -169,8 +166,8 @@ def simple_gla_fwd_o_kernel(
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -332,8 +329,8 @@ def simple_gla_bwd_dqkvg_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t reads state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
