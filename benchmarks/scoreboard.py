@@ -110,7 +110,7 @@ def run_settings(report: dict) -> tuple[str, ...]:
     if report.get("dtype") not in (None, "bfloat16"):
         out.append(str(report["dtype"]))
     bound = report.get("gate_lower_bound")
-    if bound is None:  # bench_ops.py does not store it: read the recorded command line
+    if bound is None:  # reports older than bench_ops.py's gate_lower_bound field: read the recorded command line
         m = re.search(r"--gate-lower-bound[ =](\S+)", str(report.get("command", "")))
         bound = m.group(1) if m else None
     if bound is not None:
