@@ -20,8 +20,9 @@ import peak_memory_model as pm  # noqa: E402
 # Peak bytes allocated during the call, in input tensors, at B=1 T=128 H=2 K=V=32 (chunk 64: Ai is
 # [B, T, H, 64], two input tensors); before the frees: 16.03, 16.16 and 18.28. rwkv7 (chunk_dplr,
 # 16-token chunks: its chunk states and their gradients are [B, T / 16, H, K, V], 16 input tensors
-# each here): 33.63 before its backward freed them ahead of bwd_dqk's outputs.
-SMALL_LIMIT = {"delta_rule": 10.03, "gated_delta_rule": 10.16, "gated_delta_rule_rope": 12.28, "rwkv7": 27.63}
+# each here): 33.63 before its backward freed them ahead of bwd_dqk's outputs; 27.63 -> 27.75 when the
+# forward started saving each chunk's summed gate for the state walks (g_last, [B, T / 16, H, K] fp32).
+SMALL_LIMIT = {"delta_rule": 10.03, "gated_delta_rule": 10.16, "gated_delta_rule_rope": 12.28, "rwkv7": 27.75}
 
 
 def test_accounting_counts_only_what_the_trace_allocates():

@@ -34,6 +34,7 @@ def rwkv7_fwd_intra_kernel(
     a,
     b,
     g,
+    g_last,
     qg,
     kg,
     bg,
@@ -140,6 +141,10 @@ def rwkv7_fwd_intra_kernel(
             b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
         # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
         b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
+        if USE_G:
+            # the chunk's decay, for the state walks (fwd_h, bwd_dh), where loading and summing the
+            # [BT, K] gate tile would sit on the critical path of every step
+            tl.store(g_last + (i_hc * H + i_h) * K + o_k, b_GL, mask=o_k < K)
         tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
         tl.store(kg + o_tk, (b_k * b_decay_to_end).to(kg.dtype.element_ty), mask=m_tk)
         tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
@@ -180,7 +185,7 @@ def rwkv7_fwd_intra_kernel(
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_fwd_h_kernel(
     v,
-    g,
+    g_last,
     qg,
     kg,
     bg,
@@ -262,8 +267,8 @@ def rwkv7_fwd_h_kernel(
             b_o = tl.dot(tl.load(Aqk + o_tt, mask=m_tt, other=0.), b_v, b_o, input_precision=DOT_PRECISION)
             tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
         if USE_G:
-            # exp(G_L): the decay of the whole chunk (rows past the sequence end load gate 0)
-            b_GL = tl.sum(tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32), axis=0)
+            # exp(G_L): the decay of the whole chunk, as fwd_intra stored it (fp32)
+            b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
             b_h *= tl.exp(b_GL)[:, None]
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
         m_kt = m_k[:, None] & m_t[None, :]
@@ -275,7 +280,7 @@ def rwkv7_fwd_h_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_bwd_dh_kernel(
-    g,
+    g_last,
     qg,
     bg,
     w,
@@ -347,7 +352,7 @@ def rwkv7_bwd_dh_kernel(
         b_duc = b_du.to(b_do.dtype)
         tl.store(du + o_tv, b_duc, mask=m_tv)
         if USE_G:
-            b_GL = tl.sum(tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32), axis=0)
+            b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
             b_dh *= tl.exp(b_GL)[:, None]
         b_dh = tl.dot(tl.load(qg + o_kt, mask=m_kt, other=0.), b_do, b_dh, input_precision=DOT_PRECISION)
         b_dh = tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_duc, b_dh, input_precision=DOT_PRECISION)
@@ -702,7 +707,8 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
 
     Returns:
         qg, kg, bg, w: [B, T, H, K]; M, A_qk, A_qb: [B, T, H, BT] (q's dtype; row t holds its chunk's
-        row t); with backward also ag: [B, T, H, K] and P, A_ak: [B, T, H, BT], else Nones.
+        row t); with backward also ag: [B, T, H, K] and P, A_ak: [B, T, H, BT], else Nones; g_last:
+        [B, NT, H, K] float32, each chunk's summed log gate, for the state walks (empty without a gate).
     """
     B, T, H, K = q.shape
     BT = plan.chunk_size
@@ -712,12 +718,15 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
     M, Aqk, Aqb = (q.new_empty(B, T, H, BT) for _ in range(3))
     ag = torch.empty_like(q) if backward else None
     P, Aak = (q.new_empty(B, T, H, BT) for _ in range(2)) if backward else (None, None)
+    # a tensor even without a gate: it travels in the op's saved list, which takes no None
+    g_last = q.new_empty(B, NT, H, K, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
     rwkv7_fwd_intra_kernel[(NT, B * H)](
         q,
         k,
         a,
         b,
         g,
+        g_last,
         qg,
         kg,
         bg,
@@ -746,7 +755,7 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak
+    return qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last
 
 
 def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
@@ -772,7 +781,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     rwkv7_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
         v,
-        g,
+        intra[10],
         qg,
         kg,
         bg,
@@ -824,7 +833,7 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: the intra-chunk products (qg, kg, bg, w, M, A_qk, A_qb, ag, P, A_ak) for chunk_bwd.
+        saved: the intra-chunk products (qg, kg, bg, w, M, A_qk, A_qb, ag, P, A_ak, g_last) for chunk_bwd.
     """
     # The intra-chunk products, the backward's ones included, are kept for the backward: recomputing
     # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
@@ -853,7 +862,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
-    qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak = intra
+    qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
     _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, plan)
     is_varlen = cu_seqlens is not None
 
@@ -863,7 +872,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     du = torch.empty_like(v)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
     rwkv7_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
-        g,
+        g_last,
         qg,
         bg,
         w,
