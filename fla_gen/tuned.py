@@ -82,6 +82,24 @@ TUNED: tuple[TunedPlan, ...] = (
               "the rule's [256, 16]; session 7 (2026-11-23_h100_sweep_delta_k256_round2_s7.json, "
               "..._sweep_fwd_h_rowblocks_k256_s7.json) 0.409 -> 0.353 ms (delta_rule) and 0.526 -> 0.476 "
               "(gated) on 4 warps and 3 stages against 8 warps and 2; 4 stages do not fit (282 KB)"),
+    # The state walk at head dim 128, once v_new = U - W h subtracted after the dot (session 8): fla-core's
+    # autotuned pick (BV 64, 4 warps, 3 stages), which the old loop had measured slower.
+    TunedPlan("sm90", "chunk_delta", "fwd_h", "bf16", 128, 128, 64, 4, 3,
+              "[128, 64] fp32 state tile on 4 warps, 3 stages; measured on H100 2026-11-24, bf16, kernel alone "
+              "in one process (benchmarks/results/2026-11-24_h100_walks_s8.json): at 4x4096x16x128 fwd_h 0.173 ms "
+              "at the rule's [128, 32] and 2 stages, 0.147 at [128, 64] and 3 (gated_delta_rule 0.177 -> 0.147; "
+              "fla-core's kernel 0.146 at its own pick, the same); at 1x16384x16x128 the run-time split takes BV to "
+              "16, where 3 stages measured 0.223 ms against 0.378 at the old 2 (..._fwdh_variants_s8.json; "
+              "gated 0.254 ms)"),
+    # The backward's state walk at head dim 128, once it held the state gradient as [64, BV] row blocks
+    # (session 8): fla-core's autotuned pick for its dhu kernel (BV 64, 4 warps, 3 stages).
+    TunedPlan("sm90", "chunk_delta", "bwd_dh", "bf16", 128, 128, 64, 4, 3,
+              "[128, 64] state gradient as two [64, 64] row blocks on 4 warps, 3 stages; measured on H100 "
+              "2026-11-24, bf16, kernel alone in one process (benchmarks/results/2026-11-24_h100_dh_variants_s8.json, "
+              "variant d5 = the template's row blocks): at 4x4096x16x128 0.196 ms against 0.266 for the one [128, 32] "
+              "tile at the rule's 2 stages (fla-core's kernel 0.199 at this config); at 1x16384x16x128 the run-time "
+              "split takes BV to 16: 0.294 ms against 0.652 for the old plan (one [128, 32] tile, 2 stages, "
+              "no split; ..._walks_s8.json)"),
     # The backward's state walk at head dim 256: fla-core's own autotuned config for its dhu kernel
     # (BV 32, 4 warps, 2 stages), which the first sweep had not tried.
     TunedPlan("sm90", "chunk_delta", "bwd_dh", "bf16", 256, 256, 32, 4, 2,

@@ -101,12 +101,25 @@ def whole_k_walk_block_v(block_v: int, V: int, walks: int, sms: int) -> int:
     (v_new = U - W h contracts over it), so only V gives programs. Measured on the H100 (fwd_h of the
     delta family, benchmarks/RESULTS.md session 7): at 1x16384x16x128, 64 programs on 132 SMs, BV 32 -> 16
     took fwd_h 0.452 -> 0.420 ms (delta_rule) and 0.690 -> 0.634 (gated_delta_rule); at 2x8192x8x256, 128
-    programs, BV 16 measured 0.589 ms against 0.353-0.374 at 32, hence half the SMs, not all of them.
+    programs, BV 16 measured 0.589 ms against 0.353-0.374 at 32, hence half the SMs, not all of them. The
+    backward walk (bwd_dh) splits by the same rule: 0.349 -> 0.294 ms at 1x16384x16x128 (session 8).
     ``walks``: sequences times heads (N * H); ``sms`` 0 (CPU, or a pinned plan) keeps the plan's tile."""
     BV = block_v
     while 2 * cdiv(V, BV) * walks <= sms and BV > WHOLE_K_WALK_MIN_BLOCK_V:
         BV //= 2
     return BV
+
+
+STATE_ROW_BLOCK = 64
+
+
+def state_row_block(block_k: int) -> int:
+    """Rows of one register block of a whole-K state walk that holds its [BK, BV] state as row blocks
+    (the delta family's bwd_dh): 64, or BK when it is smaller. The kernels unroll at most four blocks,
+    which covers every head dim the planner accepts (BK <= 256)."""
+    if block_k > 4 * STATE_ROW_BLOCK:
+        raise ValueError(f"a state of {block_k} rows does not fit four row blocks of {STATE_ROW_BLOCK}")
+    return min(block_k, STATE_ROW_BLOCK)
 
 
 def num_chunks(T: int, BT: int, chunk_indices: torch.Tensor | None) -> int:

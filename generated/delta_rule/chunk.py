@@ -285,14 +285,15 @@ def delta_rule_fwd_h_kernel(
         m_t = i_t * BT + o_i < T_seq
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        # U is loaded first, as the dot's accumulator, ahead of the state's store: with the same launch
-        # config ([256, 32], 8 warps, 2 stages) fwd_h took 0.457 ms at 2x8192x8x256 with U loaded after
-        # the store and 0.409-0.412 with it first (H100, across device calls; benchmarks/RESULTS.md, session 7)
-        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32)
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        # One rounding of the state to the input dtype serves both its store and the dot. v_new = U - W h
+        # subtracts after the dot: folding it into the dot as W (-h) + U kept a negated copy of the state
+        # alive, 64 more FADDs and 32 more conversions per thread per chunk at K = 256 and 238 vs 253
+        # registers, and cost 0.345 vs 0.238 ms at 2x8192x8x256, 0.449 vs 0.266 at 1x16384x16x128 (H100,
+        # same launch configs, same process; benchmarks/RESULTS.md, session 8)
+        b_hb = b_h.to(h.dtype.element_ty)
+        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
         b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        # v_new = U - W h (the state is rounded to the input dtype for the dot, as everywhere)
-        b_vn = tl.dot(b_w, (-b_h).to(b_w.dtype), b_vn)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
@@ -393,6 +394,7 @@ def delta_rule_bwd_dh_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    RB: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -402,6 +404,10 @@ def delta_rule_bwd_dh_kernel(
     # over it). dh[c] is the gradient w.r.t. the state at the END of chunk c (dht for the last one):
     #   dv_new = dv_local + k @ D
     #   D     <- D + q^T @ (scale do) - W^T @ dv_new
+    # D is held as up to four [RB, BV] row blocks (block j: rows j * RB ...; BK <= 4 RB, RB = min(BK, 64)),
+    # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
+    # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
+    # config) against 0.20 (H100, kernel alone, same process; benchmarks/RESULTS.md, session 8).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -415,40 +421,81 @@ def delta_rule_bwd_dh_kernel(
         NT = tl.cdiv(T, BT)
         boh = i_n.to(tl.int64) * NT
     o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_r = tl.arange(0, RB)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None] * V + o_v[None, :]
-
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    o_rv = o_r[:, None] * V + o_v[None, :]
+    m_r0 = o_r < K
+    b_dh0 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 1 * RB:
+        m_r1 = 1 * RB + o_r < K
+        b_dh1 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 2 * RB:
+        m_r2 = 2 * RB + o_r < K
+        b_dh2 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 3 * RB:
+        m_r3 = 3 * RB + o_r < K
+        b_dh3 = tl.zeros([RB, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
-        b_dh += tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
+        p_dht = dht + i_nh.to(tl.int64) * K * V + o_rv
+        b_dh0 += tl.load(p_dht, mask=m_r0[:, None] & m_v[None, :], other=0.)
+        if BK > 1 * RB:
+            b_dh1 += tl.load(p_dht + 1 * RB * V, mask=m_r1[:, None] & m_v[None, :], other=0.)
+        if BK > 2 * RB:
+            b_dh2 += tl.load(p_dht + 2 * RB * V, mask=m_r2[:, None] & m_v[None, :], other=0.)
+        if BK > 3 * RB:
+            b_dh3 += tl.load(p_dht + 3 * RB * V, mask=m_r3[:, None] & m_v[None, :], other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_kt = m_k[:, None] & m_t[None, :]
+        p_dh = dh + ((boh + i_t) * H + i_h) * K * V + o_rv
+        tl.store(p_dh, b_dh0.to(dh.dtype.element_ty), mask=m_r0[:, None] & m_v[None, :])
+        if BK > 1 * RB:
+            tl.store(p_dh + 1 * RB * V, b_dh1.to(dh.dtype.element_ty), mask=m_r1[:, None] & m_v[None, :])
+        if BK > 2 * RB:
+            tl.store(p_dh + 2 * RB * V, b_dh2.to(dh.dtype.element_ty), mask=m_r2[:, None] & m_v[None, :])
+        if BK > 3 * RB:
+            tl.store(p_dh + 3 * RB * V, b_dh3.to(dh.dtype.element_ty), mask=m_r3[:, None] & m_v[None, :])
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        # Each [BT, BK] tile is loaded right before its dot, so that without software pipelining
-        # (num_stages=1) only one of them needs shared memory at a time. The scale goes on
-        # the [BT, BV] side of each product, so the big tiles feed the dots straight from shared memory.
-        b_k = tl.load(k + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
-        b_dvn = tl.dot(b_k, b_dh.to(b_k.dtype))
         b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
+        # k [BT, RB] and q^T, W^T [RB, BT] tiles of row block j
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_r[None, :]
+        o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_r[:, None]
+        b_dvn = tl.dot(tl.load(k + o_tk, mask=m_t[:, None] & m_r0[None, :], other=0.), b_dh0.to(k.dtype.element_ty))
+        if BK > 1 * RB:
+            b_dvn = tl.dot(tl.load(k + o_tk + 1 * RB, mask=m_t[:, None] & m_r1[None, :], other=0.), b_dh1.to(k.dtype.element_ty), b_dvn)
+        if BK > 2 * RB:
+            b_dvn = tl.dot(tl.load(k + o_tk + 2 * RB, mask=m_t[:, None] & m_r2[None, :], other=0.), b_dh2.to(k.dtype.element_ty), b_dvn)
+        if BK > 3 * RB:
+            b_dvn = tl.dot(tl.load(k + o_tk + 3 * RB, mask=m_t[:, None] & m_r3[None, :], other=0.), b_dh3.to(k.dtype.element_ty), b_dvn)
+        # The scale goes on the [BT, BV] side of each product, so the [RB, BT] tiles feed the
+        # dots straight from shared memory.
         b_dvn += tl.load(dv_local + o_tv, mask=m_tv, other=0.)
         b_do = (b_do * scale).to(b_do.dtype)
         tl.store(dv_new + o_tv, b_dvn.to(dv_new.dtype.element_ty), mask=m_tv)
-        b_qT = tl.load(q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.)
-        b_dh = tl.dot(b_qT, b_do, b_dh)
-        b_wT = tl.load(w + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.)
-        b_dh = tl.dot(b_wT, (-b_dvn).to(b_wT.dtype), b_dh)
+        b_dvn = b_dvn.to(w.dtype.element_ty)
+        m_kt = m_r0[:, None] & m_t[None, :]
+        b_dh0 += tl.dot(tl.load(q + o_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_dvn)
+        if BK > 1 * RB:
+            m_kt = m_r1[:, None] & m_t[None, :]
+            b_dh1 += tl.dot(tl.load(q + o_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
+        if BK > 2 * RB:
+            m_kt = m_r2[:, None] & m_t[None, :]
+            b_dh2 += tl.dot(tl.load(q + o_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
+        if BK > 3 * RB:
+            m_kt = m_r3[:, None] & m_t[None, :]
+            b_dh3 += tl.dot(tl.load(q + o_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
     if STORE_INITIAL_STATE_GRADIENT:
-        tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
+        p_dh0 = dh0 + i_nh.to(tl.int64) * K * V + o_rv
+        tl.store(p_dh0, b_dh0, mask=m_r0[:, None] & m_v[None, :])
+        if BK > 1 * RB:
+            tl.store(p_dh0 + 1 * RB * V, b_dh1, mask=m_r1[:, None] & m_v[None, :])
+        if BK > 2 * RB:
+            tl.store(p_dh0 + 2 * RB * V, b_dh2, mask=m_r2[:, None] & m_v[None, :])
+        if BK > 3 * RB:
+            tl.store(p_dh0 + 3 * RB * V, b_dh3, mask=m_r3[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -870,7 +917,8 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     del u
 
     cfg = plan.config("bwd_dh")
-    BK, BV = launch.whole_dim_tile(K), launch.dot_tile(cfg.block_v, V)
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
     dh = q.new_empty(B, NT, H, K, V)
     dv_new = torch.empty_like(v)
     dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
@@ -894,6 +942,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
         BT=BT,
         BK=BK,
         BV=BV,
+        RB=launch.state_row_block(BK),
         USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         IS_VARLEN=cu_seqlens is not None,
