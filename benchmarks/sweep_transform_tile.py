@@ -56,15 +56,18 @@ def main() -> int:
     fwd_bytes = B * T * H * (4 * D * elem + 2 * elem + 4 + elem)  # q, k in and out; g, beta in; g fp32, beta out
     # q, k, g, beta in; their gradients in (g's fp32) and out; A_log / dt_bias partials out (fp32)
     bwd_bytes = B * T * H * (6 * D * elem + 2 * elem + 4 + elem + 2 * elem + 2 * 4)
-    default = launch.row_tile(B * T * H, triton.next_power_of_2(D))
+    # the first row: row_tile's choices, the forward's for both kernels (each direction has its own default)
+    default = launch.row_tile(B * T * H, triton.next_power_of_2(D), "fwd")
+    backward_default = launch.row_tile(B * T * H, triton.next_power_of_2(D), "bwd")
     print(f"{OP} transforms B={B} T={T} H={H} D={D} bf16 ({torch.cuda.get_device_name()}); row_tile's choice: "
-          f"BR={default[0]} warps={default[1]} (first row); fwd moves {fwd_bytes / 1e6:.0f} MB, "
+          f"BR={default[0]} warps={default[1]} forward, BR={backward_default[0]} warps={backward_default[1]} "
+          f"backward (first row: the forward's for both); fwd moves {fwd_bytes / 1e6:.0f} MB, "
           f"bwd {bwd_bytes / 1e6:.0f} MB")
     print(f"{'BR':>4} {'warps':>5} {'fwd ms':>8} {'GB/s':>6} {'bwd ms':>8} {'GB/s':>6}", flush=True)
     rows = []
     for br, warps in [default, *itertools.product([int(x) for x in args.rows.split(",")],
                                                    [int(x) for x in args.warps.split(",")])]:
-        module.row_tile = lambda r, w, br=br, warps=warps: (br, warps)
+        module.row_tile = lambda r, w, direction, br=br, warps=warps: (br, warps)
         try:
             with torch.no_grad():
                 fwd = triton.testing.do_bench(lambda: transforms(q, k, g, beta, A_log, dt_bias, call=call),

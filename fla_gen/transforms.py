@@ -120,6 +120,9 @@ class _Lowering:
         self.tape: list[tuple[str, str, tuple[str, ...], dict]] = []
         self.current: dict[str, str] = {}
         self.heads: dict[str, str] = {}
+        # vectors loaded straight from a kernel argument: var -> (pointer, head dim letter); a rope of one
+        # reads its partner channels with a second load instead of a tl.gather (rope_partner)
+        self.loaded: dict[str, tuple[str, str]] = {}
 
     def new(self, code: str, shape: str) -> str:
         v = f"t{self.n}"
@@ -169,9 +172,23 @@ class _Lowering:
         raise ValueError(f"the fused transform kernels cannot lower '{n.fn}' (in a transform of "
                          f"{self.rec.spec.op})")
 
+    def rope_partner(self, x: str, j: int) -> str:
+        """Code of x[rp_j], rope j's partner channels of the vector x.
+
+        For a vector the kernel loaded from an argument it is a second load of that row at the partner
+        offsets (the same cache lines, so no extra DRAM traffic); otherwise a tl.gather on the registers.
+        The load measured faster: the forward transform kernel of gated_delta_rule_rope took 0.104 ms
+        against 0.137 with the gather (16 rows of 4x4096x16x128 bf16 per program, 4 warps; 0.158 at 8 rows
+        either way) on the H100, against 0.096 with no rope at all (benchmarks/RESULTS.md, session 8).
+        """
+        if x in self.loaded:
+            ptr, dim = self.loaded[x]
+            return f"tl.load({ptr} + row * {dim} + rp{j}, mask=m_{dim}, other=0.0).to(tl.float32)"
+        return self.layout.gather(x, f"rp{j}")
+
     def rope(self, x: str, j: int) -> str:
         shape = self.shape[x]
-        return self.record("rope", (x,), f"{x} * rc{j} + rs{j} * {self.layout.gather(x, f'rp{j}')}", shape, j=j)
+        return self.record("rope", (x,), f"{x} * rc{j} + rs{j} * {self.rope_partner(x, j)}", shape, j=j)
 
     def backward(self, adj: dict[str, str]) -> list[str]:
         """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
@@ -215,7 +232,9 @@ class _Lowering:
                 add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * {self.layout.sum(f'{dy} * {v}')}), 0.0)", s)
             elif fn == "rope":
                 j = extra["j"]
-                # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]
+                # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]. (As a second
+                # load of dy, -rs dy[rp], it made an interleaved variant's backward spill on sm80, and it is
+                # unmeasured: the gather stays.)
                 add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
@@ -265,14 +284,21 @@ def plan_transforms(rec: Recurrence) -> TransformKernel | None:
         return None
     # The forward keeps the spec's order: norm-first measured 0.156 against 0.134 ms for the rope +
     # l2norm forward kernel (H100, benchmarks/transform_breakdown.py), while it saves the backward a gather.
-    tile, row = _lower_transforms(rec, TILE, norms_first=False), _lower_transforms(rec, ROW, norms_first=False)
+    # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
+    # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
+    # process; benchmarks/results/2026-11-24_h100_decode_rope_partner_ab_s8.txt).
+    tile = _lower_transforms(rec, TILE, norms_first=False)
+    row = _lower_transforms(rec, ROW, norms_first=False, partner_loads=False)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
-    grads = _lower_transforms(rec, TILE, norms_first=True)
+    # The backward kernel keeps tl.gather for its recomputed rope: the partner load is measured on the
+    # forward only, and in the backward of an interleaved-rope variant it spilled on sm80 (tests/test_transforms.py).
+    grads = _lower_transforms(rec, TILE, norms_first=True, partner_loads=False)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
                    grads_out=grads.grads_out)
 
 
-def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool) -> TransformKernel:
+def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool,
+                      partner_loads: bool = True) -> TransformKernel:
     spec = rec.spec
     low = _Lowering(rec, layout)
     raw: dict[str, str] = {}
@@ -287,6 +313,8 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool) -> Tra
             code = f"tl.load(x_{name} + row).to(tl.float32)"
         raw[name] = low.new(code, shape)
         low.current[name] = raw[name]
+        if shape and partner_loads:
+            low.loaded[raw[name]] = (f"x_{name}", shape)
     ropes = []
     for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
         if tr.kind == "rope":

@@ -66,8 +66,9 @@ def test_partial_last_tile_and_padded_head_dim(dtype):
     """The transform kernels hold BR flat (token, head) rows per program: B * T * H = 39 rows make two
     tiles, the second partial, and K = 48 (full rotary) is padded to 64 channels."""
     B, T, H, K, V = 1, 13, 3, 48, 8
-    BR, _ = row_tile(B * T * H, 64)
-    assert B * T * H > BR and B * T * H % BR
+    for direction in ("fwd", "bwd"):
+        BR, _ = row_tile(B * T * H, 64, direction)
+        assert B * T * H > BR and B * T * H % BR
     pkg = generated(OP)
     assert_matches_reference(pkg.fused_recurrent_gated_delta_rule_rope, pkg.gated_delta_rule_rope_reference,
                              raw_inputs(B, T, H, K, V, seed=3), dtype=dtype, seqlen_offsets=3)
@@ -77,10 +78,11 @@ def test_partial_last_tile_and_padded_head_dim(dtype):
 def test_tile_of_one_token_shares_rotary_angles(mode, monkeypatch):
     """When H % BR == 0 a tile's rows are the heads of one token and its rotary angles are computed once
     per channel (SAME_TOKEN); varlen with per-sequence offsets, so neighbouring tiles differ in position."""
-    monkeypatch.setattr(launch, "ROW_TILE_ELEMENTS", 64)
+    monkeypatch.setattr(launch, "ROW_TILE_ELEMENTS", {"fwd": 64, "bwd": 64})
     B, T, H, K, V = 1, 30, 4, 16, 8
-    BR, _ = row_tile(B * T * H, K)
-    assert BR == 2 * 2 and H % BR == 0
+    for direction in ("fwd", "bwd"):
+        BR, _ = row_tile(B * T * H, K, direction)
+        assert BR == 2 * 2 and H % BR == 0
     pkg = generated(OP)
     assert_matches_reference(getattr(pkg, f"{mode}_gated_delta_rule_rope"), pkg.gated_delta_rule_rope_reference,
                              raw_inputs(B, T, H, K, V, seed=5), cu_seqlens=torch.tensor([0, 11, 30], dtype=torch.int32),

@@ -142,25 +142,30 @@ def factor_span(dtype: torch.dtype) -> float:
     return 4.0 if dtype == torch.float16 else 30.0
 
 
-# fp32 values per program of the per-row transform kernels, 8 per thread and live tile: at 16 per thread
-# the backward of rope + l2norm at D = 128 needs 243 registers on sm90, at 8 about 125 (`fla-gen aot`).
-# 1024 (8 rows of 128, 4 warps) measured fastest on the H100 (benchmarks/sweep_transform_tile.py,
-# 4x4096x16x128 bf16, 2026-11-23): forward 0.201 ms (1347 GB/s) against 0.227 at 2048 (16 rows, 8 warps),
-# 0.266-1.49 ms at 16-64 rows with 2-4 warps; backward 0.506 vs 0.523 ms.
-ROW_TILE_ELEMENTS = 1024
-ROW_TILE_PER_THREAD = 8
+# fp32 values per program of the per-row transform kernels and per thread, per direction, each measured
+# on the H100 at 4x4096x16x128 bf16 (gated_delta_rule_rope's transforms).
+# - Backward: 1024 (8 rows of 128 on 4 warps), 8 per thread and live tile: at 16 per thread its rope +
+#   l2norm VJP needs 243 registers on sm90, at 8 about 125 (`fla-gen aot`); 0.506 ms against 0.523 at 2048
+#   (benchmarks/sweep_transform_tile.py, 2026-11-23).
+# - Forward: 2048 (16 rows of 128 on 4 warps), 16 per thread: 0.104 ms (2.6 TB/s, 88% of a copy) against
+#   0.157 at 8 rows and 0.156 at 16 rows on 8 warps, once the rope partner is a second load instead of a
+#   tl.gather (benchmarks/RESULTS.md, session 8; at 8 rows the gather and the load took the same time).
+ROW_TILE_ELEMENTS = {"fwd": 2048, "bwd": 1024}
+ROW_TILE_PER_THREAD = {"fwd": 16, "bwd": 8}
 
 
-def row_tile(rows: int, width: int) -> tuple[int, int]:
-    """Rows per program (BR) and warps of the per-row transform kernels, for ``rows`` flat
-    (token, head) rows ([B * T * H]) of padded width ``width`` (the widest head dim they hold).
+def row_tile(rows: int, width: int, direction: str) -> tuple[int, int]:
+    """Rows per program (BR) and warps of the per-row transform kernel of ``direction`` ("fwd" or "bwd"),
+    for ``rows`` flat (token, head) rows ([B * T * H]) of padded width ``width`` (the widest head dim
+    they hold).
 
-    BR is a power of two with BR * width about ROW_TILE_ELEMENTS, no more than the rows there are
-    (padded to a power of two); the warps give each thread ROW_TILE_PER_THREAD values of a tile,
-    1 to 8 warps.
+    BR is a power of two with BR * width about ROW_TILE_ELEMENTS[direction], no more than the rows there
+    are (padded to a power of two); the warps give each thread ROW_TILE_PER_THREAD[direction] values of a
+    tile, 1 to 8 warps.
     """
-    br = max(1, min(ROW_TILE_ELEMENTS // width, next_power_of_2(rows)))
-    return br, max(1, min(8, br * width // (32 * ROW_TILE_PER_THREAD)))
+    per_thread = ROW_TILE_PER_THREAD[direction]
+    br = max(1, min(ROW_TILE_ELEMENTS[direction] // width, next_power_of_2(rows)))
+    return br, max(1, min(8, br * width // (32 * per_thread)))
 
 
 def tile_of_one_token(heads: int, rows_per_tile: int) -> bool:

@@ -68,8 +68,8 @@ def gated_delta_rule_rope_transform_fwd_kernel(
     t3 = tl.load(x_beta + row).to(tl.float32)
     rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
     rp0 = tl.broadcast_to(rp0, [BR, BK])
-    t4 = t0 * rc0 + rs0 * tl.gather(t0, rp0, axis=1)
-    t5 = t1 * rc0 + rs0 * tl.gather(t1, rp0, axis=1)
+    t4 = t0 * rc0 + rs0 * tl.load(x_q + row * K + rp0, mask=m_K, other=0.0).to(tl.float32)
+    t5 = t1 * rc0 + rs0 * tl.load(x_k + row * K + rp0, mask=m_K, other=0.0).to(tl.float32)
     t6 = tl.where(m_K, t4, 0.0)
     t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
     t8 = t6 * t7
@@ -157,14 +157,15 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     tl.store(dp_dt_bias + row, d4, mask=m_r)
 
 
-def _geometry(targets):
-    """Flat (token, head) rows, H, K, V, their padded tiles, and the kernels' launch: grid, BR, warps."""
+def _geometry(targets, direction):
+    """Flat (token, head) rows, H, K, V, their padded tiles, and the launch of the ``direction`` ("fwd" or
+    "bwd") kernel: grid, BR, warps."""
     B, T, H = targets[0].shape[:3]
     K = targets[0].shape[-1]
     V = 1
     BK, BV = next_power_of_2(K), next_power_of_2(V)
     rows = B * T * H
-    BR, warps = row_tile(rows, max(BK, BV))
+    BR, warps = row_tile(rows, max(BK, BV), direction)
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
@@ -172,7 +173,7 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, *tensors):
         targets, heads = tensors[:len(_TARGETS)], tensors[len(_TARGETS):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets)
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets, "fwd")
         outs = tuple(torch.empty_like(x, dtype=torch.float32 if n in _FP32_OUTPUTS else x.dtype)
                      for n, x in zip(_TARGETS, targets))
         gated_delta_rule_rope_transform_fwd_kernel[grid](
@@ -186,7 +187,7 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
     def backward(ctx, *grads):
         positions, *tensors = ctx.saved_tensors
         targets, heads = tensors[:len(_TARGETS)], tensors[len(_TARGETS):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets)
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(targets, "bwd")
         dx = tuple(torch.empty_like(x) for x in targets)
         dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
         grads = tuple(g.contiguous() for g in grads)
