@@ -50,7 +50,30 @@ def _environment(templates_dir: str, trim: bool = True) -> jinja2.Environment:
     )
     env.filters["pyrepr"] = repr
     env.filters["tuple_repr"] = lambda xs: repr(tuple(xs))
+    env.globals["per_row_block"] = per_row_block
     return env
+
+
+# Register blocks of a whole-K state held as row blocks: launch.state_row_block keeps BK <= 4 RB.
+STATE_ROW_BLOCKS = 4
+
+
+def per_row_block(*lines: str, start: int = 0) -> str:
+    """Kernel code repeating ``lines`` for each row block j >= ``start`` of a [BK, BV] state held as
+    [RB, BV] blocks (fla_gen/runtime/launch.py state_row_block): block 0 as written, block j > 0 under a
+    compile-time ``if BK > j * RB:``. In each line ``{j}`` becomes the block index, ``{off}`` its row offset
+    (`` + j * RB``, empty for block 0) and ``{offv}`` the same in a [K, V] state (`` + j * RB * V``); empty
+    lines are left out. The result starts at column 0; the template indents it."""
+    out: list[str] = []
+    for j in range(start, STATE_ROW_BLOCKS):
+        body = [ln.replace("{j}", str(j)).replace("{offv}", f" + {j} * RB * V" if j else "")
+                .replace("{off}", f" + {j} * RB" if j else "") for ln in lines if ln]
+        if j:
+            out.append(f"if BK > {j} * RB:")
+            out.extend("    " + b for b in body)
+        else:
+            out.extend(body)
+    return "\n".join(out)
 
 
 def render_scalar(n: Node, dim_prefix: str = "") -> str:

@@ -25,20 +25,20 @@ def test_state_row_block_refuses_more_than_four_blocks():
 
 
 # Head dim 256 has plans for 16-bit inputs only (fp32 tiles do not fit shared memory): fp16 there.
-@pytest.mark.parametrize(("op", "K", "blocks", "dtype"), [
-    ("delta_rule", 32, 1, torch.float32),  # one block narrower than 64
-    ("delta_rule", 96, 2, torch.float32),  # BK 128: the second block half masked
-    ("gated_delta_rule", 128, 2, torch.float32),
-    ("delta_rule", 200, 4, torch.float16),  # BK 256: the fourth block mostly masked
-    ("gated_delta_rule", 256, 4, torch.float16),
+@pytest.mark.parametrize(("package", "op", "K", "blocks", "dtype"), [
+    ("delta_rule", "delta_rule", 32, 1, torch.float32),  # one block narrower than 64
+    ("delta_rule", "delta_rule", 96, 2, torch.float32),  # BK 128: the second block half masked
+    ("gated_delta_rule", "gated_delta_rule", 128, 2, torch.float32),
+    ("delta_rule", "delta_rule", 200, 4, torch.float16),  # BK 256: the fourth block mostly masked
+    ("gated_delta_rule", "gated_delta_rule", 256, 4, torch.float16),
 ])
-def test_delta_backward_walk_on_row_blocks(monkeypatch, op, K, blocks, dtype):
+def test_backward_walk_on_row_blocks(monkeypatch, package, op, K, blocks, dtype):
     """Forward, every gradient (dht and the initial state's included) against the float64 reference, with
     the state gradient split into ``blocks`` row blocks."""
     picked = spy_on_launch(monkeypatch, "state_row_block")
     B, T, H, V = 2, 70, 1, 16
-    x = sample_inputs(recurrence(op), B, T, H, K, V, dtype, seed=K)
-    pkg = generated(op)
+    x = sample_inputs(recurrence(package), B, T, H, K, V, dtype, seed=K)
+    pkg = generated(package)
     result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                     {**x, "initial_state": torch.randn(B, H, K, V)}, dtype,
                                     name=f"chunk_{op}", guard=poisoned_allocations)

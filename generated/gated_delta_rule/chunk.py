@@ -478,13 +478,13 @@ def gated_delta_rule_bwd_dh_kernel(
     m_r0 = o_r < K
     b_dh0 = tl.zeros([RB, BV], dtype=tl.float32)
     if BK > 1 * RB:
-        m_r1 = 1 * RB + o_r < K
+        m_r1 = o_r + 1 * RB < K
         b_dh1 = tl.zeros([RB, BV], dtype=tl.float32)
     if BK > 2 * RB:
-        m_r2 = 2 * RB + o_r < K
+        m_r2 = o_r + 2 * RB < K
         b_dh2 = tl.zeros([RB, BV], dtype=tl.float32)
     if BK > 3 * RB:
-        m_r3 = 3 * RB + o_r < K
+        m_r3 = o_r + 3 * RB < K
         b_dh3 = tl.zeros([RB, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
         p_dht = dht + i_nh.to(tl.int64) * K * V + o_rv
