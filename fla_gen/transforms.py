@@ -232,10 +232,14 @@ class _Lowering:
                 add(a, f"tl.where(m_{s}, {r} * ({dy} - {v} * {self.layout.sum(f'{dy} * {v}')}), 0.0)", s)
             elif fn == "rope":
                 j = extra["j"]
-                # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]. (As a second
-                # load of dy, -rs dy[rp], it made an interleaved variant's backward spill on sm80, and it is
-                # unmeasured: the gather stays.)
-                add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
+                # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]; and a partner
+                # shares its channel's angle with the sign of its sine flipped (rs 0 on pass-through
+                # channels), so (dy rs)[rp] = -rs dy[rp]: a second load where dy is a gradient the kernel
+                # loaded (the backward kernel 0.244 -> 0.214 ms at 4x4096x16x128, 8 rows per program; H100, session 8)
+                if dy in self.loaded:
+                    add(a, f"{dy} * rc{j} - rs{j} * {self.rope_partner(dy, j)}", s)
+                else:
+                    add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
         return out
@@ -287,18 +291,21 @@ def plan_transforms(rec: Recurrence) -> TransformKernel | None:
     # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
     # process; benchmarks/results/2026-11-24_h100_decode_rope_partner_ab_s8.txt).
-    tile = _lower_transforms(rec, TILE, norms_first=False)
-    row = _lower_transforms(rec, ROW, norms_first=False, partner_loads=False)
+    tile = _lower_transforms(rec, TILE, norms_first=False, input_partners=True)
+    row = _lower_transforms(rec, ROW, norms_first=False)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
-    # The backward kernel keeps tl.gather for its recomputed rope: the partner load is measured on the
-    # forward only, and in the backward of an interleaved-rope variant it spilled on sm80 (tests/test_transforms.py).
-    grads = _lower_transforms(rec, TILE, norms_first=True, partner_loads=False)
+    # The backward kernel's recomputed forward keeps tl.gather (there, norm-first, the rope mostly applies to a
+    # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
+    grads = _lower_transforms(rec, TILE, norms_first=True, gradient_partners=True)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
                    grads_out=grads.grads_out)
 
 
-def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool,
-                      partner_loads: bool = True) -> TransformKernel:
+def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, input_partners: bool = False,
+                      gradient_partners: bool = False) -> TransformKernel:
+    """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
+    the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
+    else with tl.gather."""
     spec = rec.spec
     low = _Lowering(rec, layout)
     raw: dict[str, str] = {}
@@ -313,7 +320,7 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool,
             code = f"tl.load(x_{name} + row).to(tl.float32)"
         raw[name] = low.new(code, shape)
         low.current[name] = raw[name]
-        if shape and partner_loads:
+        if shape and input_partners:
             low.loaded[raw[name]] = (f"x_{name}", shape)
     ropes = []
     for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
@@ -336,6 +343,9 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool,
     outs = {name: low.current[name] for name, _ in targets}
     fwd = tuple(low.lines)
     grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(targets)}
+    if gradient_partners:
+        # the backward kernel loads each target's gradient from dy_<name> (templates/kernels/_transforms.jinja)
+        low.loaded.update({grads_in[name]: (f"dy_{name}", shape) for name, shape in targets if shape})
     adj: dict[str, str] = {}
     pre: list[str] = []
     for name, _ in targets:

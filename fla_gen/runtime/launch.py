@@ -142,14 +142,14 @@ def factor_span(dtype: torch.dtype) -> float:
     return 4.0 if dtype == torch.float16 else 30.0
 
 
-# fp32 values per program of the per-row transform kernels and per thread, per direction, each measured
-# on the H100 at 4x4096x16x128 bf16 (gated_delta_rule_rope's transforms).
-# - Backward: 1024 (8 rows of 128 on 4 warps), 8 per thread and live tile: at 16 per thread its rope +
-#   l2norm VJP needs 243 registers on sm90, at 8 about 125 (`fla-gen aot`); 0.506 ms against 0.523 at 2048
-#   (benchmarks/sweep_transform_tile.py, 2026-11-23).
-# - Forward: 2048 (16 rows of 128 on 4 warps), 16 per thread: 0.104 ms (2.6 TB/s, 88% of a copy) against
-#   0.157 at 8 rows and 0.156 at 16 rows on 8 warps, once the rope partner is a second load instead of a
-#   tl.gather (benchmarks/RESULTS.md, session 8; at 8 rows the gather and the load took the same time).
+# fp32 values per program of the per-row transform kernels and per thread, per direction. Measured on the
+# H100 at 4x4096x16x128 bf16 (gated_delta_rule_rope's transforms, each kernel alone; benchmarks/RESULTS.md,
+# session 8), with rope's partner channels read by a second load instead of a tl.gather:
+# - forward: 2048 (16 rows of 128 on 4 warps), 16 per thread: 0.104 ms (2.6 TB/s, 88% of a copy), against
+#   0.157 at 8 rows and 0.156 at 16 rows on 8 warps;
+# - backward: 1024 (8 rows of 128 on 4 warps), 8 per thread: 0.214 ms. 16 rows on 4 warps measured 0.167,
+#   but spilled 20 B on sm89 and sm90 in the backward of an interleaved-rope spec
+#   (tests/test_transforms.py), and 8 per thread is the tile with no spill anywhere.
 ROW_TILE_ELEMENTS = {"fwd": 2048, "bwd": 1024}
 ROW_TILE_PER_THREAD = {"fwd": 16, "bwd": 8}
 

@@ -145,8 +145,8 @@ def gated_delta_rule_rope_transform_bwd_kernel(
     d5 = -d0
     d6 = d5 * t14
     d7 = dy3 * t12 * (1.0 - t12)
-    d8 = dy1 * rc0 + tl.gather(dy1 * rs0, rp0, axis=1)
-    d9 = dy0 * rc0 + tl.gather(dy0 * rs0, rp0, axis=1)
+    d8 = dy1 * rc0 - rs0 * tl.load(dy_k + row * K + rp0, mask=m_K, other=0.0).to(tl.float32)
+    d9 = dy0 * rc0 - rs0 * tl.load(dy_q + row * K + rp0, mask=m_K, other=0.0).to(tl.float32)
     d10 = tl.where(m_K, t8 * (d8 - t9 * tl.sum(d8 * t9, axis=1, keep_dims=True)), 0.0)
     d11 = tl.where(m_K, t5 * (d9 - t6 * tl.sum(d9 * t6, axis=1, keep_dims=True)), 0.0)
     tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)

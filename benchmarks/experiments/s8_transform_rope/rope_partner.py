@@ -3,13 +3,15 @@
 
     python benchmarks/experiments/s8_transform_rope/rope_partner.py kernel t0,t1,t3,t4   # $OUT/tf_variants.json
     python benchmarks/experiments/s8_transform_rope/rope_partner.py decode OLD_TREE
+    python benchmarks/experiments/s8_transform_rope/rope_partner.py backward b0,b1   # $OUT/tf_bwd_tiles_<v>.json
 
 ``kernel``: gated_delta_rule_rope's forward transform kernel alone (launched directly, no host work) at
 4x4096x16x128 bf16, per variant (t0..t4, each file says what it is) and per (rows per program, warps), with
 its bytes over the time. ``decode``: a decode step of fused_recurrent_gated_delta_rule_rope (T = 1, no
 autograd: the transforms inline in the recurrent kernel) of the generated tree under OLD_TREE (a directory
 holding generated/, e.g. ``git archive <rev> generated | tar -x -C OLD_TREE``) against the checkout's, in one
-process, interleaved. Needs a GPU.
+process, interleaved. ``backward``: the backward transform kernel alone (the checkout's generated one, or the
+variants b0 / b1), per (rows per program, warps). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -78,6 +80,48 @@ def kernel_variants(names: list[str]) -> None:
               f"err {r['rel_err_vs_first']:.1e}")
 
 
+def backward_tiles(variants: list[str]) -> None:
+    for name in variants:
+        module = importlib.import_module(f"generated.{OP}.transforms" if name == "generated" else name)
+        print(name, flush=True)
+        backward_tiles_of(name, module.gated_delta_rule_rope_transform_bwd_kernel)
+
+
+def backward_tiles_of(name: str, kernel) -> None:
+    B, T, H, K = 4, 4096, 16, 128
+    rows = B * T * H
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+    x = [randn(B, T, H, K), randn(B, T, H, K), randn(B, T, H), randn(B, T, H)]
+    heads = [randn(H, dtype=torch.float32), randn(H, dtype=torch.float32)]
+    dy = [randn(B, T, H, K), randn(B, T, H, K), randn(B, T, H, dtype=torch.float32), randn(B, T, H)]
+    pos = torch.arange(T, device="cuda", dtype=torch.int32).repeat(B)
+    # q, k, g, beta and their gradients in; the inputs' gradients out; two fp32 per-head partials per row
+    nbytes = rows * (6 * K * 2 + 3 * 2 + 4 + 2 * 2 + 2 * 4)
+    first, out = None, []
+    for BR, warps in [(8, 4), (16, 4), (16, 8), (32, 8)]:
+        dx = [torch.empty_like(t) for t in x]
+        dp = [torch.empty(rows, device="cuda") for _ in heads]
+
+        def run(BR=BR, warps=warps, dx=dx, dp=dp):
+            kernel[(triton.cdiv(rows, BR),)](*x, *heads, *dy, *dx, *dp, pos, K, rows, H, K, K, BR=BR, BK=K, BV=K,
+                                             SAME_TOKEN=H % BR == 0, num_warps=warps)
+        run()
+        torch.cuda.synchronize()
+        ms = min(do_bench(run, warmup=25, rep=100, return_mode="median") for _ in range(3))
+        first = first or [t.float().clone() for t in dx + dp]
+        err = max(((t.float() - f).norm() / f.norm()).item() for t, f in zip(dx + dp, first, strict=True))
+        out.append({"variant": name, "BR": BR, "warps": warps, "ms": ms, "GBps": nbytes / ms / 1e6,
+                    "rel_err_vs_first": err})
+        print(f"bwd BR={BR} w={warps}: {ms:.4f} ms  {nbytes / ms / 1e6:.0f} GB/s  err {err:.1e}", flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"tf_bwd_tiles_{name}.json"), "w") as f:
+            json.dump({"rows": out, "bytes": nbytes}, f, indent=1)
+
+
 def decode_ab(old_tree: Path) -> None:
     import ab_packages
 
@@ -112,9 +156,13 @@ def main() -> int:
     sub = p.add_subparsers(dest="what", required=True)
     sub.add_parser("kernel").add_argument("variants", help="comma-separated: t0,t1,t3,t4")
     sub.add_parser("decode").add_argument("old_tree", type=Path)
+    sub.add_parser("backward").add_argument("variants", nargs="?", default="generated",
+                                            help="comma-separated: generated (the checkout's), b0, b1")
     a = p.parse_args()
     if a.what == "kernel":
         kernel_variants(a.variants.split(","))
+    elif a.what == "backward":
+        backward_tiles(a.variants.split(","))
     else:
         decode_ab(a.old_tree)
     return 0
