@@ -19,7 +19,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
-from fla_gen.runtime.plan_types import Plan
+from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -52,10 +52,6 @@ def _environment(templates_dir: str, trim: bool = True) -> jinja2.Environment:
     env.filters["tuple_repr"] = lambda xs: repr(tuple(xs))
     env.globals["per_row_block"] = per_row_block
     return env
-
-
-# Register blocks of a whole-K state held as row blocks: launch.state_row_block keeps BK <= 4 RB.
-STATE_ROW_BLOCKS = 4
 
 
 def per_row_block(*lines: str, start: int = 0) -> str:

@@ -20,7 +20,7 @@ def test_state_row_block(block_k, expected):
 
 
 def test_state_row_block_refuses_more_than_four_blocks():
-    with pytest.raises(ValueError, match="four row blocks"):
+    with pytest.raises(ValueError, match="does not fit 4 row blocks"):
         launch.state_row_block(512)
 
 

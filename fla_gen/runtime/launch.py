@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from fla_gen.runtime.plan_types import LaunchConfig
+from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, LaunchConfig
 
 
 # Plain-Python twins of triton.cdiv and triton.next_power_of_2: since Triton 3.6 those are
@@ -115,10 +115,9 @@ STATE_ROW_BLOCK = 64
 
 def state_row_block(block_k: int) -> int:
     """Rows of one register block of a whole-K state walk that holds its [BK, BV] state as row blocks
-    (the delta family's bwd_dh): 64, or BK when it is smaller. The kernels unroll at most four blocks,
-    which covers every head dim the planner accepts (BK <= 256)."""
-    if block_k > 4 * STATE_ROW_BLOCK:
-        raise ValueError(f"a state of {block_k} rows does not fit four row blocks of {STATE_ROW_BLOCK}")
+    (the delta family's bwd_dh): 64, or BK when it is smaller."""
+    if block_k > STATE_ROW_BLOCKS * STATE_ROW_BLOCK:
+        raise ValueError(f"a state of {block_k} rows does not fit {STATE_ROW_BLOCKS} row blocks of {STATE_ROW_BLOCK}")
     return min(block_k, STATE_ROW_BLOCK)
 
 

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 # Plans are tabulated per padded head dim: the smallest bucket that holds max(K, V).
 HEAD_DIM_BUCKETS = (64, 128, 256)
 
+# Row blocks a whole-K state walk unrolls when it holds its state as [RB, BV] blocks (the compiler's
+# emit.per_row_block writes them, launch.state_row_block sizes them): four blocks of 64 rows cover every
+# head dim the planner accepts.
+STATE_ROW_BLOCKS = 4
+
 
 def head_dim_bucket(head_dim: int) -> int:
     """The plan bucket of a head dim (1..256): 64, 128 or 256."""
