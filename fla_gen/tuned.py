@@ -95,8 +95,9 @@ TUNED: tuple[TunedPlan, ...] = (
     # (session 8): fla-core's autotuned pick for its dhu kernel (BV 64, 4 warps, 3 stages).
     TunedPlan("sm90", "chunk_delta", "bwd_dh", "bf16", 128, 128, 64, 4, 3,
               "[128, 64] state gradient as two [64, 64] row blocks on 4 warps, 3 stages; measured on H100 "
-              "2026-11-24, bf16, kernel alone in one process (benchmarks/results/2026-11-24_h100_dh_variants_s8.json, "
-              "variant d5 = the template's row blocks): at 4x4096x16x128 0.196 ms against 0.266 for the one [128, 32] "
+              "2026-11-24, bf16, kernel alone in one process "
+              "(benchmarks/results/2026-11-24_h100_dh_variants_rowblocks_s8.json, variant d5 = the template's row "
+              "blocks): at 4x4096x16x128 0.196 ms against 0.266 for the one [128, 32] "
               "tile at the rule's 2 stages (fla-core's kernel 0.199 at this config); at 1x16384x16x128 the run-time "
               "split takes BV to 16: 0.294 ms against 0.652 for the old plan (one [128, 32] tile, 2 stages, "
               "no split; ..._walks_s8.json)"),
