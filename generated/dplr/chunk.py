@@ -767,7 +767,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
         or None.
     """
-    qg, kg, bg, w, M, Aqk, Aqb = intra[:7]
+    qg, kg, bg, w, M, Aqk, Aqb, _, _, _, g_last = intra
     B, T, H, K = qg.shape
     V = v.shape[-1]
     BT = plan.chunk_size
@@ -781,7 +781,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     dplr_delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
         v,
-        intra[10],
+        g_last,
         qg,
         kg,
         bg,
