@@ -107,6 +107,35 @@ WHOLE_K_GRID_SPLIT = ("at run time, BV halves (to 16 at least) while the V / BV 
                       "programs, fwd_h 0.452 -> 0.420 ms delta_rule, 0.690 -> 0.634 gated_delta_rule; bwd_dh on row "
                       "blocks 0.349 -> 0.294 ms)")
 
+# fwd_fused (the forward as one walk that also writes the outputs), measured on the H100 in bf16 against
+# fwd_h + fwd_o through the public op, same process, same inputs (benchmarks/experiments/s9_fused_forward,
+# benchmarks/results/2026-11-24_h100_fused_forward*_s9.json). Keyed by (gated, head-dim bucket): V tile, warps,
+# stages. Without a gate one program per SM is enough (the walk's dots keep it busy): linear_attn forward
+# 0.244 -> 0.106 ms at 4x4096x16x128 [64, 4 warps, 3 stages], 0.194 -> 0.103 at 8x2048x32x64, 0.353 -> 0.228 at
+# 2x8192x8x256 [32, 4, 3]; at 1x16384x16x128 (64 programs at BV 32) 0.294 against 0.304, even. With a gate each
+# step also rescales the output, the intra-chunk product and the state by the chunk's decays, and the walk wants
+# two programs per SM: simple_gla 0.261 -> 0.204 at 4x4096x16x128 (256 programs, [32, 4, 3]), 0.221 -> 0.139 at
+# 8x2048x32x64 ([64, 4, 2]), 0.267 -> 0.208 at 8x2048x16x128; slower at 128 programs (1x8192x32x128 0.290 ->
+# 0.345, 2x8192x8x256 0.372 -> 0.492), and slower at head dim 256 even on 1024 programs (8x2048x16x256 0.699 ->
+# 1.033: [256, 32] spills 144 B there), so never at 256 with a gate (None). Wider tiles spill (fla-gen aot,
+# sm90: [64, 4, 2] with a gate at head dim 128 spills 180 B). One stage is never planned: with a gate,
+# [32, 4 warps, 1 stage] at head dim 128 faults (illegal address) on the H100 under Triton 3.6 while 2 and 3
+# stages are exact (check_variant.py).
+FUSED_WALK_TILES: dict[tuple[bool, int], tuple[int, int, int] | None] = {
+    (False, 64): (64, 4, 3), (False, 128): (64, 4, 3), (False, 256): (32, 4, 3),
+    (True, 64): (64, 4, 2), (True, 128): (32, 4, 3), (True, 256): None,
+}
+FUSED_WALK_SHARE = {
+    False: (0.5, "taken while its V / BV * N*H programs fill half of the GPU's SMs, BV halving to 32 to get "
+                 "there (launch.fused_walk_block_v), else fwd_h + fwd_o"),
+    True: (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs per SM), BV halving "
+                "to 32 to get there (launch.fused_walk_block_v), else fwd_h + fwd_o"),
+}
+_FUSED_WALK_MEASURED = "measured on the H100 (plan.py FUSED_WALK_TILES)"
+# Only where measured: on the mma.sync targets these tiles spill 24-400 B (fla-gen aot, sm80/sm89, head dims
+# 64-256), and sm100 is not measured; there the forward stays fwd_h + fwd_o.
+FUSED_WALK_ARCHS = ("sm90",)
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -122,6 +151,8 @@ class Algorithm:
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
 _CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),))
+# fwd_h + fwd_o in one walk: q, k^T and v tiles per chunk, the state staged once per step as a dot operand.
+_CHUNK_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True)
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
 # Not at head dim 64: there one K tile covers the head and 8 warps lay bwd_dqkvg's dots out apart (3 MMA->MMA
 # conversions on sm90, fla-gen aot); 4 warps do not.
@@ -198,7 +229,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         # The chunk-parallel kernels recompute the chunk-local gate cumsum (a [BT] scan); the sequential
         # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHUNK_DSTATE,
@@ -479,6 +510,47 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
+def plan_fused_walk(rec: Recurrence, shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int,
+                    chunk_size: int) -> LaunchConfig:
+    """The config of fwd_fused, the forward that walks the chunks with a whole-K state and writes the outputs
+    in one kernel: the measured tiles of FUSED_WALK_TILES (a gate or not, head dim), their V tile halved (to
+    16) until 2 or more pipeline stages fit the target's shared memory, and the share of the SMs its grid must
+    reach at run time (FUSED_WALK_SHARE); min_sm_share None on a target outside FUSED_WALK_ARCHS or where no
+    tile fits (the launcher then always takes fwd_h + fwd_o)."""
+    gated = rec.decay_kind != "none"
+    tiles = FUSED_WALK_TILES[(gated, head_dim)]
+    if tiles is None:
+        return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was slower than fwd_h + fwd_o on "
+                                         f"every grid measured ({_FUSED_WALK_MEASURED})")
+    if arch.name not in FUSED_WALK_ARCHS:
+        return _never_launched(head_dim, "measured on the H100 only, and on the mma.sync targets its tiles spill "
+                                         "(fla-gen aot)")
+    block_v, warps, stages = tiles
+    share, share_why = FUSED_WALK_SHARE[gated]
+    # The whole limit, not the 0.8 of plan_kernel: the measured [256, 32] at 3 stages models at 225 KB and
+    # builds at 217 KB of sm90's 227 KB (fla-gen aot, which checks every planned build against the limit).
+    budget = arch.smem_per_block
+    elem = _element_bytes(dtype)
+    bv = min(block_v, head_dim)
+    while bv >= 16:
+        fit = _most_stages_that_fit(shape, tile_dims(chunk_size, head_dim, bv), elem, stages, budget)
+        if fit >= 2:
+            used = _smem_bytes(shape, tile_dims(chunk_size, head_dim, bv), elem, fit)
+            return LaunchConfig(head_dim, bv, warps, fit,
+                                f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {warps} warps, {fit} stages "
+                                f"(~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
+                                f"{'with' if gated else 'without'} a gate: {_FUSED_WALK_MEASURED}; {share_why}",
+                                min_sm_share=share)
+        bv //= 2
+    return _never_launched(head_dim, f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s shared memory "
+                                     f"in {dtype}")
+
+
+def _never_launched(head_dim: int, why: str) -> LaunchConfig:
+    """A fwd_fused config the launcher never takes (min_sm_share None): the forward is fwd_h + fwd_o."""
+    return LaunchConfig(head_dim, 16, 4, 1, f"never taken: {why}; fwd_h + fwd_o", min_sm_share=None)
+
+
 def _bounded_config(rule: tuple[int, int, str] | None, cfg: LaunchConfig) -> LaunchConfig:
     """``cfg`` with a KernelShape's measured bounded-plan warps (and V tile) applied."""
     if rule is None:
@@ -517,6 +589,8 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
     kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
+    kernels = tuple((stage, plan_fused_walk(rec, shape, arch, dtype, bucket, bt) if stage == "fwd_fused" else cfg)
+                    for shape, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))

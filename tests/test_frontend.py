@@ -84,6 +84,8 @@ def test_plans_fit_every_arch():
                 assert p.chunk_size_reason
                 for stage, cfg in p.kernels:
                     assert cfg.reason, stage
+                    if cfg.min_sm_share is None:  # never launched (plan_fused_walk): nothing to fit
+                        continue
                     # the rules give 4 or 8 warps; fewer only where a measured plan (fla_gen/tuned.py) says so
                     assert cfg.num_warps in (4, 8) or (cfg.num_warps in (1, 2) and cfg.reason.startswith("tuned")), \
                         (stage, cfg)

@@ -110,6 +110,25 @@ def whole_k_walk_block_v(block_v: int, V: int, walks: int, sms: int) -> int:
     return BV
 
 
+FUSED_WALK_MIN_BLOCK_V = 32
+
+
+def fused_walk_block_v(block_v: int, V: int, walks: int, sms: int, min_sm_share: float | None) -> int:
+    """The V tile of the forward that walks the chunks and writes the outputs in one kernel (fwd_fused,
+    grid (V / BV, walks)), or 0 when the launcher should take the state walk + the chunk-parallel output
+    kernel instead. The plan's tile halves (to 32 at least) while the grid holds fewer than
+    ``min_sm_share`` * ``sms`` programs, and 0 if it still does: each program walks a whole sequence, so a
+    small grid leaves SMs idle for the whole call. The share is the plan's (LaunchConfig.min_sm_share, with
+    its measurements in the reason). ``walks``: sequences times heads (N * H); ``sms`` 0 (CPU, or a pinned
+    plan): the plan's tile, always. ``min_sm_share`` None (the plan never takes the kernel): 0."""
+    if min_sm_share is None:
+        return 0
+    BV = block_v
+    while cdiv(V, BV) * walks < min_sm_share * sms and BV > FUSED_WALK_MIN_BLOCK_V:
+        BV //= 2
+    return BV if cdiv(V, BV) * walks >= min_sm_share * sms else 0
+
+
 STATE_ROW_BLOCK = 64
 
 

@@ -35,6 +35,10 @@ class LaunchConfig:
     # Set by a plan override (an experiment): the launcher uses these tiles as given, with no
     # run-time adjustment (launch.split_sm_count).
     pinned: bool = False
+    # For a kernel the launcher may pass over at run time (fwd_fused): the share of the GPU's SMs its
+    # grid must reach, narrowing its V tile if need be (launch.fused_walk_block_v); 0: always taken,
+    # None: never (not measured on the target, measured slower, or it does not fit).
+    min_sm_share: float | None = 0.0
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/linear_attn.fla`.
 """chunk_linear_attn: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_scalar_gate (linear_attn_fwd_h_kernel, linear_attn_fwd_o_kernel, linear_attn_bwd_dh_kernel, linear_attn_bwd_dqkvg_kernel).
+Kernels: chunk_scalar_gate (linear_attn_fwd_h_kernel, linear_attn_fwd_o_kernel, linear_attn_fwd_fused_kernel, linear_attn_bwd_dh_kernel, linear_attn_bwd_dqkvg_kernel).
 """
 
 import torch
@@ -149,6 +149,76 @@ def linear_attn_fwd_o_kernel(
     b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
     p_o = o + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def linear_attn_fwd_fused_kernel(
+    q,
+    k,
+    v,
+    o,
+    h0,
+    ht,
+    cu_seqlens,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # fwd_h and fwd_o in one kernel: one program per (V block, sequence * head) walks the chunks of its
+    # sequence in order with the whole-K [BK, BV] state in fp32 registers and writes each chunk's output
+    # from it. q, k and v are read once per V block and no chunk state goes through memory; the price is
+    # a grid of only V / BV * N * H programs (the launcher takes fwd_h + fwd_o when that leaves SMs idle).
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        NT = tl.cdiv(T_seq, BT)
+    else:
+        bos = i_n.to(tl.int64) * T
+        T_seq = T
+        NT = tl.cdiv(T, BT)
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_A = o_i[:, None] >= o_i[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=m_k[:, None] & m_v[None, :], other=0.0)
+    for i_t in range(0, NT):
+        t0 = bos + i_t * BT
+        m_t = i_t * BT + o_i < T_seq
+        q_c = q + t0 * H * K + i_h * K
+        k_c = k + t0 * H * K + i_h * K
+        b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_kT = tl.load(k_c + o_i[None, :] * (H * K) + o_k[:, None], mask=m_t[None, :] & m_k[:, None], other=0.0)
+        p_v = v + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o
+        b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PRECISION)
+        b_A = tl.dot(b_q, b_kT, input_precision=DOT_PRECISION)
+        b_o *= scale
+        b_A = tl.where(m_A, b_A * scale, 0.0)
+        b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
+        p_o = o + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        b_h = tl.dot(b_kT, b_v, b_h, input_precision=DOT_PRECISION)
+    if STORE_FINAL_STATE:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h,
+                 mask=m_k[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -427,7 +497,7 @@ def chunk_fwd(
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and
             chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_h, fwd_o).
+        plan: the Plan (stages fwd_fused, or fwd_h and fwd_o).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -436,7 +506,38 @@ def chunk_fwd(
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    cfg = plan.config("fwd_fused")
+    BV = launch.fused_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device),
+                                   cfg.min_sm_share)
+    if BV:
+        o = torch.empty_like(v)
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        linear_attn_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+            q,
+            k,
+            v,
+            o,
+            initial_state,
+            final_state,
+            cu_seqlens,
+            scale,
+            T,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=launch.whole_dim_tile(K),
+            BV=BV,
+            USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state,
+            IS_VARLEN=cu_seqlens is not None,
+            DOT_PRECISION=launch.dot_precision(k.dtype),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return o, final_state, ()
     h, final_state = _chunk_fwd_h(
         k,
         v,

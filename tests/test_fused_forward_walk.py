@@ -1,0 +1,158 @@
+"""The scalar-gate family's forward as one walk that also writes the outputs (fwd_fused): when the launcher
+takes it (launch.fused_walk_block_v, the planner's measured share of the SMs), that it is the kernel that
+runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64 reference with every
+gradient, dense and varlen, with initial and final states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fla_gen.plan import FUSED_WALK_ARCHS, FUSED_WALK_SHARE, plan_algorithm, plan_table, select_algorithms
+from fla_gen.runtime import launch
+from fla_gen.runtime.dispatch import forced_arch, overridden_plans
+from fla_gen.sample import sample_inputs
+from fla_gen.verify import compare_with_reference
+from tests.support import generated, poisoned_allocations, recurrence
+
+UNGATED, GATED = FUSED_WALK_SHARE[False][0], FUSED_WALK_SHARE[True][0]
+
+
+@pytest.mark.parametrize(("block_v", "V", "walks", "sms", "share", "expected"), [
+    # the measured cases on the H100's 132 SMs, without a gate: 4x4096x16x128 (128 programs at BV 64) ...
+    (64, 128, 64, 132, UNGATED, 64),
+    # ... 2x4096x16x128: 64 programs, under half the SMs, so BV 32 (128 programs) ...
+    (64, 128, 32, 132, UNGATED, 32),
+    # ... 1x16384x16x128: 64 programs even at BV 32: fwd_h + fwd_o
+    (64, 128, 16, 132, UNGATED, 0),
+    # with a gate: 4x4096x16x128 needs BV 32 for 256 programs (1.9 x 132 = 250.8); 8x2048x32x64 has them at 64
+    (32, 128, 64, 132, GATED, 32),
+    (64, 128, 64, 132, GATED, 32),
+    (64, 64, 256, 132, GATED, 64),
+    # 1x8192x32x128: 128 programs at BV 32 (measured slower fused): fwd_h + fwd_o
+    (32, 128, 32, 132, GATED, 0),
+    # a plan tile already below the floor stays; off CUDA (0 SMs) the plan's tile always runs
+    (16, 256, 1, 132, UNGATED, 0),
+    (64, 128, 1, 0, GATED, 64),
+    # a target the kernel does not fit: never
+    (64, 128, 1000, 0, None, 0),
+])
+def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
+    assert launch.fused_walk_block_v(block_v, V, walks, sms, share) == expected
+
+
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla"])
+def test_planned_fused_walk_never_takes_one_stage(op):
+    """One stage with a gate faults on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every fwd_fused
+    planned for a measured target has 2 or more stages and the share for a recurrence with or without a gate;
+    on the other targets it is never taken."""
+    rec = recurrence(op)
+    chunk, _ = select_algorithms(rec)
+    share = FUSED_WALK_SHARE[rec.decay_kind != "none"][0]
+    configs = [p.config("fwd_fused") for p in plan_table(rec, chunk)]
+    assert configs
+    for p in plan_table(rec, chunk):
+        cfg = p.config("fwd_fused")
+        if p.arch in FUSED_WALK_ARCHS and cfg.min_sm_share is not None:
+            assert cfg.num_stages >= 2 and cfg.min_sm_share == share, (p.arch, p.dtype, p.head_dim, cfg)
+        elif p.arch in FUSED_WALK_ARCHS:  # measured slower (a gate at head dim 256), or nothing fits (fp32 at 256)
+            assert p.head_dim == 256 and (rec.decay_kind != "none" or p.dtype == "fp32"), (p.arch, p.dtype, cfg)
+        else:
+            assert cfg.min_sm_share is None, (p.arch, cfg)
+    assert any(c.min_sm_share for c in configs)
+
+
+def test_planned_fused_walk_tiles_on_the_h100():
+    """The measured sm90 bf16 configs (plan.py FUSED_WALK_TILES) come out of the planner unchanged."""
+    for op, expected in (("linear_attn", (64, 4, 3)), ("simple_gla", (32, 4, 3))):
+        rec = recurrence(op)
+        cfg = plan_algorithm(rec, select_algorithms(rec)[0], "sm90", "bf16", 128).config("fwd_fused")
+        assert (cfg.block_v, cfg.num_warps, cfg.num_stages) == expected, (op, cfg)
+
+
+class KernelLog:
+    """Names of the kernels a generated package's chunk module launches, once watched."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch, self.names = monkeypatch, []
+
+    def watch(self, package: str) -> None:
+        module = generated(package).chunk
+        for attr in [a for a in vars(module) if a.endswith("_kernel")]:
+            self.monkeypatch.setattr(module, attr, _Recorder(getattr(module, attr), attr, self.names))
+
+    def take(self) -> set[str]:
+        """The names launched since the last take."""
+        names = set(self.names)
+        self.names.clear()
+        return names
+
+
+class _Recorder:
+    def __init__(self, kernel, name: str, names: list[str]):
+        self.kernel, self.name, self.names = kernel, name, names
+
+    def __getitem__(self, grid):
+        self.names.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def launched(monkeypatch) -> KernelLog:
+    return KernelLog(monkeypatch)
+
+
+def run_forward(package: str, op: str, sms: int, overrides: dict | None = None) -> None:
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, 2, 70, 2, 32, 32, torch.float32, seed=11)
+    with forced_arch("sm90"), launch.forced_sm_count(sms), overridden_plans(overrides or {}):
+        getattr(pkg, f"chunk_{op}")(*x.values())
+
+
+def test_sm80_plans_keep_the_split_forward(launched):
+    """On a target outside FUSED_WALK_ARCHS (the interpreter's default, sm80) fwd_fused never runs."""
+    launched.watch("simple_gla")
+    pkg, rec = generated("simple_gla"), recurrence("simple_gla")
+    pkg.chunk_simple_gla(*sample_inputs(rec, 2, 70, 2, 32, 32, torch.float32, seed=12).values())
+    assert "simple_gla_fwd_fused_kernel" not in launched.take()
+
+
+@pytest.mark.parametrize("package", ["linear_attn", "simple_gla"])
+def test_the_launcher_picks_the_forward_by_grid(launched, package):
+    """With the H100's plans: off CUDA (0 SMs) the forward is fwd_fused alone; as on a GPU with 1000 SMs (a
+    2-sequence, 2-head grid far below any share of them) it is fwd_h + fwd_o; a pinned plan override runs
+    fwd_fused whatever the grid."""
+    launched.watch(package)
+    run_forward(package, package, 0)
+    fused = launched.take()
+    run_forward(package, package, 1000)
+    split = launched.take()
+    run_forward(package, package, 1000, {"fwd_fused": {"block_v": 32}})
+    pinned = launched.take()
+    name = f"{package}_fwd_fused_kernel"
+    assert name in fused and not fused & {f"{package}_fwd_h_kernel", f"{package}_fwd_o_kernel"}, fused
+    assert name not in split and {f"{package}_fwd_h_kernel", f"{package}_fwd_o_kernel"} <= split, split
+    assert name in pinned and f"{package}_fwd_o_kernel" not in pinned, pinned
+
+
+@pytest.mark.parametrize("sms", [0, 1000])
+@pytest.mark.parametrize(("package", "cu_seqlens"), [
+    ("linear_attn", None),
+    ("linear_attn", [0, 50, 50, 130]),
+    ("simple_gla", None),
+    ("simple_gla", [0, 63, 64, 64, 130]),
+])
+def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
+    """With the H100's plans, fwd_fused (0 SMs) and fwd_h + fwd_o (1000 SMs) against the float64 reference:
+    outputs, final states and every gradient, with an initial state, over chunk-boundary lengths and an empty
+    sequence, outputs poisoned."""
+    B, T, H, K, V = (1, 130, 2, 64, 32) if cu_seqlens else (2, 100, 2, 32, 64)
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=13)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    with forced_arch("sm90"), launch.forced_sm_count(sms):
+        result = compare_with_reference(getattr(pkg, f"chunk_{package}"), getattr(pkg, f"{package}_reference"),
+                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
+                                        name=f"chunk_{package}", guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), result.errors
