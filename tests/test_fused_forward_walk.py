@@ -43,7 +43,7 @@ def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
 
 @pytest.mark.parametrize("op", ["linear_attn", "simple_gla"])
 def test_planned_fused_walk_never_takes_one_stage(op):
-    """One stage with a gate faults on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every fwd_fused
+    """One stage with a gate is miscompiled on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every fwd_fused
     planned for a measured target has 2 or more stages and the share for a recurrence with or without a gate;
     on the other targets it is never taken."""
     rec = recurrence(op)
