@@ -121,15 +121,37 @@ WHOLE_K_GRID_SPLIT = ("at run time, BV halves (to 16 at least) while the V / BV 
 # sm90: [64, 4, 2] with a gate at head dim 128 spills 180 B). One stage is never planned: with a gate,
 # [32, 4 warps, 1 stage] at head dim 128 is miscompiled on the H100 under Triton 3.6 (an illegal address, and
 # under compute-sanitizer no fault but a 0.38 relative error) while 2 and 3 stages are exact (check_variant.py).
-FUSED_WALK_TILES: dict[tuple[bool, int], tuple[int, int, int] | None] = {
-    (False, 64): (64, 4, 3), (False, 128): (64, 4, 3), (False, 256): (32, 4, 3),
-    (True, 64): (64, 4, 2), (True, 128): (32, 4, 3), (True, 256): None,
+#
+# The delta family's walk (chunk_delta) holds the same state, and fusing fwd_o into it saves the chunk states
+# and v_new on top. Measured the same way (experiments/s9_fused_forward/fused_forward.py,
+# results/2026-11-24_h100_fused_forward_delta2_*_s9.json, the generated kernel with P built before q @ h, which
+# spills nothing at [64, 4, 3] where the other order spilled 60 B), forward split -> fused: delta_rule 0.500 ->
+# 0.329 ms at 4x4096x16x128 [64, 4, 3], 0.570 -> 0.447 at 8x2048x32x64 [64, 4, 3], 0.573 -> 0.526 at
+# 1x16384x16x128 ([32, 4, 3] on 64 programs, 0.48x the SMs: the delta walk does enough per step to win there),
+# 0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; gated_delta_rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], 256
+# programs), 0.619 -> 0.497 at 8x2048x32x64 [64, 4, 2], but slower on fewer programs (1x16384x16x128 0.645 ->
+# 0.808 at best, 2x8192x8x256 0.661 -> 0.716), as the scalar gate's walk: the same 1.9x share, never at 256.
+# Outputs bit-identical to fwd_h + fwd_o's at every config.
+FUSED_WALK_TILES: dict[tuple[str, bool, int], tuple[int, int, int] | None] = {
+    ("chunk_scalar_gate", False, 64): (64, 4, 3), ("chunk_scalar_gate", False, 128): (64, 4, 3),
+    ("chunk_scalar_gate", False, 256): (32, 4, 3),
+    ("chunk_scalar_gate", True, 64): (64, 4, 2), ("chunk_scalar_gate", True, 128): (32, 4, 3),
+    ("chunk_scalar_gate", True, 256): None,
+    ("chunk_delta", False, 64): (64, 4, 3), ("chunk_delta", False, 128): (64, 4, 3),
+    ("chunk_delta", False, 256): (32, 4, 2),
+    ("chunk_delta", True, 64): (64, 4, 2), ("chunk_delta", True, 128): (32, 4, 2),
+    ("chunk_delta", True, 256): None,
 }
+_FUSED_WALK_FALLBACK = "(launch.fused_walk_block_v), else fwd_h + fwd_o"
 FUSED_WALK_SHARE = {
-    False: (0.5, "taken while its V / BV * N*H programs fill half of the GPU's SMs, BV halving to 32 to get "
-                 "there (launch.fused_walk_block_v), else fwd_h + fwd_o"),
-    True: (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs per SM), BV halving "
-                "to 32 to get there (launch.fused_walk_block_v), else fwd_h + fwd_o"),
+    ("chunk_scalar_gate", False): (0.5, "taken while its V / BV * N*H programs fill half of the GPU's SMs, BV "
+                                        f"halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
+    ("chunk_scalar_gate", True): (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two "
+                                       f"programs per SM), BV halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
+    ("chunk_delta", False): (0.45, "taken while its V / BV * N*H programs fill 0.45 of the GPU's SMs, BV halving "
+                                   f"to 32 to get there {_FUSED_WALK_FALLBACK}"),
+    ("chunk_delta", True): (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs "
+                                 f"per SM), BV halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
 }
 _FUSED_WALK_MEASURED = "measured on the H100 (plan.py FUSED_WALK_TILES)"
 # Only where measured: on the mma.sync targets these tiles spill 24-400 B (fla-gen aot, sm80/sm89, head dims
@@ -246,6 +268,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
                                small_grid_split=WHOLE_K_GRID_SPLIT),
                    KernelShape("fwd_o", (("BT", "BK"), ("BK", "BT"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+                   # fwd_h + fwd_o in one walk: w, q, k^T and u tiles per chunk (plan_fused_walk)
+                   KernelShape("fwd_fused", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),),
+                               whole_k=True),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
                                max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
@@ -510,15 +535,15 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
-def plan_fused_walk(rec: Recurrence, shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int,
-                    chunk_size: int) -> LaunchConfig:
+def plan_fused_walk(rec: Recurrence, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
+                    head_dim: int, chunk_size: int) -> LaunchConfig:
     """The config of fwd_fused, the forward that walks the chunks with a whole-K state and writes the outputs
-    in one kernel: the measured tiles of FUSED_WALK_TILES (a gate or not, head dim), their V tile halved (to
+    in one kernel: the measured tiles of FUSED_WALK_TILES (algorithm, a gate or not, head dim), their V tile halved (to
     16) until 2 or more pipeline stages fit the target's shared memory, and the share of the SMs its grid must
     reach at run time (FUSED_WALK_SHARE); min_sm_share None on a target outside FUSED_WALK_ARCHS or where no
     tile fits (the launcher then always takes fwd_h + fwd_o)."""
     gated = rec.decay_kind != "none"
-    tiles = FUSED_WALK_TILES[(gated, head_dim)]
+    tiles = FUSED_WALK_TILES[(algorithm, gated, head_dim)]
     if tiles is None:
         return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was slower than fwd_h + fwd_o on "
                                          f"every grid measured ({_FUSED_WALK_MEASURED})")
@@ -526,7 +551,7 @@ def plan_fused_walk(rec: Recurrence, shape: KernelShape, arch: ArchInfo, dtype: 
         return _never_launched(head_dim, "measured on the H100 only, and on the mma.sync targets its tiles spill "
                                          "(fla-gen aot)")
     block_v, warps, stages = tiles
-    share, share_why = FUSED_WALK_SHARE[gated]
+    share, share_why = FUSED_WALK_SHARE[(algorithm, gated)]
     # The whole limit, not the 0.8 of plan_kernel: the measured [256, 32] at 3 stages models at 225 KB and
     # builds at 217 KB of sm90's 227 KB (fla-gen aot, which checks every planned build against the limit).
     budget = arch.smem_per_block
@@ -589,7 +614,8 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
     kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
-    kernels = tuple((stage, plan_fused_walk(rec, shape, arch, dtype, bucket, bt) if stage == "fwd_fused" else cfg)
+    kernels = tuple((stage, plan_fused_walk(rec, algo.name, shape, arch, dtype, bucket, bt)
+                     if stage == "fwd_fused" else cfg)
                     for shape, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,

@@ -1,6 +1,7 @@
-"""The scalar-gate family's forward as one walk that also writes the outputs (fwd_fused): when the launcher
-takes it (launch.fused_walk_block_v, the planner's measured share of the SMs), that it is the kernel that
-runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64 reference with every
+"""The forward as one walk that also writes the outputs (fwd_fused) in the scalar-gate family (linear_attn,
+simple_gla) and the delta family (delta_rule, gated_delta_rule, and the transforms spec on its kernels): when the
+launcher takes it (launch.fused_walk_block_v, the planner's measured share of the SMs), that it is the kernel
+that runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64 reference with every
 gradient, dense and varlen, with initial and final states."""
 
 from __future__ import annotations
@@ -8,14 +9,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fla_gen.plan import FUSED_WALK_ARCHS, FUSED_WALK_SHARE, plan_algorithm, plan_table, select_algorithms
+from fla_gen.plan import (
+    FUSED_WALK_ARCHS,
+    FUSED_WALK_SHARE,
+    FUSED_WALK_TILES,
+    plan_algorithm,
+    plan_table,
+    select_algorithms,
+)
 from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
 from tests.support import generated, poisoned_allocations, recurrence
 
-UNGATED, GATED = FUSED_WALK_SHARE[False][0], FUSED_WALK_SHARE[True][0]
+UNGATED, GATED = FUSED_WALK_SHARE[("chunk_scalar_gate", False)][0], FUSED_WALK_SHARE[("chunk_scalar_gate", True)][0]
 
 
 @pytest.mark.parametrize(("block_v", "V", "walks", "sms", "share", "expected"), [
@@ -41,30 +49,31 @@ def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
     assert launch.fused_walk_block_v(block_v, V, walks, sms, share) == expected
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "simple_gla"])
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
 def test_planned_fused_walk_never_takes_one_stage(op):
-    """One stage with a gate is miscompiled on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every fwd_fused
-    planned for a measured target has 2 or more stages and the share for a recurrence with or without a gate;
-    on the other targets it is never taken."""
+    """One stage with a gate is miscompiled on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every
+    fwd_fused planned for a measured target has 2 or more stages and the share measured for its algorithm and
+    gate; it is never taken on the other targets, where FUSED_WALK_TILES says so, or where nothing fits (fp32)."""
     rec = recurrence(op)
     chunk, _ = select_algorithms(rec)
-    share = FUSED_WALK_SHARE[rec.decay_kind != "none"][0]
-    configs = [p.config("fwd_fused") for p in plan_table(rec, chunk)]
-    assert configs
-    for p in plan_table(rec, chunk):
+    gated = rec.decay_kind != "none"
+    share = FUSED_WALK_SHARE[(chunk.name, gated)][0]
+    plans = plan_table(rec, chunk)
+    assert plans
+    for p in plans:
         cfg = p.config("fwd_fused")
-        if p.arch in FUSED_WALK_ARCHS and cfg.min_sm_share is not None:
+        measured = FUSED_WALK_TILES[(chunk.name, gated, p.head_dim)] is not None
+        if p.arch in FUSED_WALK_ARCHS and measured and p.dtype != "fp32":
             assert cfg.num_stages >= 2 and cfg.min_sm_share == share, (p.arch, p.dtype, p.head_dim, cfg)
-        elif p.arch in FUSED_WALK_ARCHS:  # measured slower (a gate at head dim 256), or nothing fits (fp32 at 256)
-            assert p.head_dim == 256 and (rec.decay_kind != "none" or p.dtype == "fp32"), (p.arch, p.dtype, cfg)
-        else:
-            assert cfg.min_sm_share is None, (p.arch, cfg)
-    assert any(c.min_sm_share for c in configs)
+        elif cfg.min_sm_share is not None:
+            assert p.arch in FUSED_WALK_ARCHS and measured and cfg.num_stages >= 2, (p.arch, p.dtype, cfg)
+    assert any(p.config("fwd_fused").min_sm_share for p in plans)
 
 
 def test_planned_fused_walk_tiles_on_the_h100():
     """The measured sm90 bf16 configs (plan.py FUSED_WALK_TILES) come out of the planner unchanged."""
-    for op, expected in (("linear_attn", (64, 4, 3)), ("simple_gla", (32, 4, 3))):
+    for op, expected in (("linear_attn", (64, 4, 3)), ("simple_gla", (32, 4, 3)), ("delta_rule", (64, 4, 3)),
+                         ("gated_delta_rule", (32, 4, 2))):
         rec = recurrence(op)
         cfg = plan_algorithm(rec, select_algorithms(rec)[0], "sm90", "bf16", 128).config("fwd_fused")
         assert (cfg.block_v, cfg.num_warps, cfg.num_stages) == expected, (op, cfg)
@@ -117,7 +126,7 @@ def test_sm80_plans_keep_the_split_forward(launched):
     assert "simple_gla_fwd_fused_kernel" not in launched.take()
 
 
-@pytest.mark.parametrize("package", ["linear_attn", "simple_gla"])
+@pytest.mark.parametrize("package", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
 def test_the_launcher_picks_the_forward_by_grid(launched, package):
     """With the H100's plans: off CUDA (0 SMs) the forward is fwd_fused alone; as on a GPU with 1000 SMs (a
     2-sequence, 2-head grid far below any share of them) it is fwd_h + fwd_o; a pinned plan override runs
@@ -141,6 +150,11 @@ def test_the_launcher_picks_the_forward_by_grid(launched, package):
     ("linear_attn", [0, 50, 50, 130]),
     ("simple_gla", None),
     ("simple_gla", [0, 63, 64, 64, 130]),
+    ("delta_rule", None),
+    ("delta_rule", [0, 50, 50, 130]),
+    ("gated_delta_rule", None),
+    ("gated_delta_rule", [0, 63, 64, 64, 130]),
+    ("gated_delta_rule_rope", [0, 63, 64, 64, 130]),
 ])
 def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
     """With the H100's plans, fwd_fused (0 SMs) and fwd_h + fwd_o (1000 SMs) against the float64 reference:

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/delta_rule.fla`.
 """chunk_delta_rule: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta (delta_rule_fwd_wu_kernel, delta_rule_fwd_h_kernel, delta_rule_fwd_o_kernel, delta_rule_bwd_dh_kernel, delta_rule_bwd_dqk_kernel, delta_rule_bwd_wy_kernel).
+Kernels: chunk_delta (delta_rule_fwd_wu_kernel, delta_rule_fwd_h_kernel, delta_rule_fwd_o_kernel, delta_rule_fwd_fused_kernel, delta_rule_bwd_dh_kernel, delta_rule_bwd_dqk_kernel, delta_rule_bwd_wy_kernel).
 """
 
 import torch
@@ -297,6 +297,77 @@ def delta_rule_fwd_h_kernel(
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
+    if STORE_FINAL_STATE:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def delta_rule_fwd_fused_kernel(
+    q,
+    k,
+    w,
+    u,
+    o,
+    h0,
+    ht,
+    cu_seqlens,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # fwd_h and fwd_o in one kernel: the state walk of fwd_h (one program per V block and sequence * head,
+    # the whole-K state in fp32 registers) also writes each chunk's output,
+    # o = scale * (q @ h + causal(q @ k^T) @ v_new),
+    # so neither the chunk states nor v_new go through memory. The launcher takes it when the grid fills
+    # enough of the GPU (launch.fused_walk_block_v), else fwd_h + fwd_o.
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        NT = tl.cdiv(T_seq, BT)
+    else:
+        bos = i_n.to(tl.int64) * T
+        T_seq = T
+        NT = tl.cdiv(T, BT)
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    m_A = o_i[:, None] >= o_i[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
+    for i_t in range(0, NT):
+        t0 = bos + i_t * BT
+        m_t = i_t * BT + o_i < T_seq
+        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        # the state and v_new enter the dots in the input dtype, as fwd_h stores them for fwd_o
+        b_hb = b_h.to(k.dtype.element_ty)
+        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
+        b_q = tl.load(q + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_vnb = b_vn.to(b_kT.dtype)
+        # P before q @ h: in this order the head-dim-128 build spills less (fla-gen aot, sm90)
+        b_P = tl.where(m_A, tl.dot(b_q, b_kT) * scale, 0.)
+        b_o = tl.dot(b_q, b_hb.to(b_q.dtype)) * scale
+        b_o = tl.dot(b_P.to(b_vnb.dtype), b_vnb, b_o)
+        tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+        b_h = tl.dot(b_kT, b_vnb, b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
@@ -842,7 +913,8 @@ def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indic
 
 
 def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """Chunked forward of the delta rule: 3 kernels (fwd_wu, fwd_h, fwd_o).
+    """Chunked forward of the delta rule: fwd_wu, then fwd_fused (the state walk that
+    also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
 
     S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
@@ -854,7 +926,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_wu, fwd_h, fwd_o; chunk_size 16, 32 or 64).
+        plan: the Plan (stages fwd_wu, fwd_fused or fwd_h and fwd_o; chunk_size 16, 32 or 64).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -863,8 +935,39 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    cfg = plan.config("fwd_fused")
+    BV = launch.fused_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device),
+                                   cfg.min_sm_share)
+    if BV:
+        o = torch.empty_like(v)
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+            q,
+            k,
+            w,
+            u,
+            o,
+            initial_state,
+            final_state,
+            cu_seqlens,
+            scale,
+            T,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=launch.whole_dim_tile(K),
+            BV=BV,
+            USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state,
+            IS_VARLEN=cu_seqlens is not None,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return o, final_state, ()
     h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
