@@ -109,8 +109,8 @@ WHOLE_K_GRID_SPLIT = ("at run time, BV halves (to 16 at least) while the V / BV 
 
 # fwd_fused (the forward as one walk that also writes the outputs), measured on the H100 in bf16 against
 # fwd_h + fwd_o through the public op, same process, same inputs (benchmarks/experiments/s9_fused_forward,
-# benchmarks/results/2026-11-24_h100_fused_forward*_s9.json). Keyed by (gated, head-dim bucket): V tile, warps,
-# stages. Without a gate one program per SM is enough (the walk's dots keep it busy): linear_attn forward
+# benchmarks/results/2026-11-24_h100_fused_forward*_s9.json). Keyed by (algorithm, gated, head-dim bucket): V tile,
+# warps, stages. Without a gate one program per SM is enough (the walk's dots keep it busy): linear_attn forward
 # 0.244 -> 0.106 ms at 4x4096x16x128 [64, 4 warps, 3 stages], 0.194 -> 0.103 at 8x2048x32x64, 0.353 -> 0.228 at
 # 2x8192x8x256 [32, 4, 3]; at 1x16384x16x128 (64 programs at BV 32) 0.294 against 0.304, even. With a gate each
 # step also rescales the output, the intra-chunk product and the state by the chunk's decays, and the walk wants
