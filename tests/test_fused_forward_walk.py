@@ -129,8 +129,9 @@ def test_sm80_plans_keep_the_split_forward(launched):
 @pytest.mark.parametrize("package", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
 def test_the_launcher_picks_the_forward_by_grid(launched, package):
     """With the H100's plans: off CUDA (0 SMs) the forward is fwd_fused alone; as on a GPU with 1000 SMs (a
-    2-sequence, 2-head grid far below any share of them) it is fwd_h + fwd_o; a pinned plan override runs
-    fwd_fused whatever the grid."""
+    2-sequence, 2-head grid far below any share of them) it is fwd_h + fwd_o; a plan override pinning
+    fwd_fused runs it whatever the grid, and one pinning fwd_o (an experiment on the split forward) runs the
+    split forward whatever the grid."""
     launched.watch(package)
     run_forward(package, package, 0)
     fused = launched.take()
@@ -138,10 +139,13 @@ def test_the_launcher_picks_the_forward_by_grid(launched, package):
     split = launched.take()
     run_forward(package, package, 1000, {"fwd_fused": {"block_v": 32}})
     pinned = launched.take()
+    run_forward(package, package, 0, {"fwd_o": {"num_warps": 8}})
+    split_pinned = launched.take()
     name = f"{package}_fwd_fused_kernel"
     assert name in fused and not fused & {f"{package}_fwd_h_kernel", f"{package}_fwd_o_kernel"}, fused
     assert name not in split and {f"{package}_fwd_h_kernel", f"{package}_fwd_o_kernel"} <= split, split
     assert name in pinned and f"{package}_fwd_o_kernel" not in pinned, pinned
+    assert name not in split_pinned and f"{package}_fwd_o_kernel" in split_pinned, split_pinned
 
 
 @pytest.mark.parametrize("sms", [0, 1000])

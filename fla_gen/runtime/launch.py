@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, LaunchConfig
+from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, LaunchConfig, Plan
 
 
 # Plain-Python twins of triton.cdiv and triton.next_power_of_2: since Triton 3.6 those are
@@ -127,6 +127,21 @@ def fused_walk_block_v(block_v: int, V: int, walks: int, sms: int, min_sm_share:
     while cdiv(V, BV) * walks < min_sm_share * sms and BV > FUSED_WALK_MIN_BLOCK_V:
         BV //= 2
     return BV if cdiv(V, BV) * walks >= min_sm_share * sms else 0
+
+
+# The kernels of the forward that fwd_fused replaces.
+SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
+
+
+def fused_walk_tile(plan: Plan, V: int, walks: int, device: torch.device) -> int:
+    """fwd_fused's V tile for this call, or 0 for fwd_h + fwd_o: fused_walk_block_v on the plan's fwd_fused
+    config and the device's SM count. A plan override that pins fwd_h or fwd_o but not fwd_fused runs the
+    split forward: an experiment that changes those kernels (sweep_plans.py) must time them, not the walk.
+    ``walks``: sequences times heads (N * H)."""
+    cfg = plan.config("fwd_fused")
+    if not cfg.pinned and any(plan.config(stage).pinned for stage in SPLIT_FORWARD_STAGES):
+        return 0
+    return fused_walk_block_v(dot_tile(cfg.block_v, V), V, walks, split_sm_count(cfg, device), cfg.min_sm_share)
 
 
 STATE_ROW_BLOCK = 64

@@ -1083,10 +1083,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    cfg = plan.config("fwd_fused")
-    BV = launch.fused_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device),
-                                   cfg.min_sm_share)
+    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
     if BV:
+        cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         gated_delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](

@@ -701,10 +701,9 @@ def chunk_fwd(
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
-    cfg = plan.config("fwd_fused")
-    BV = launch.fused_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device),
-                                   cfg.min_sm_share)
+    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
     if BV:
+        cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         simple_gla_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
