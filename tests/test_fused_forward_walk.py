@@ -174,3 +174,18 @@ def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
                                         {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
                                         name=f"chunk_{package}", guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), result.errors
+
+
+@pytest.mark.parametrize("package", ["simple_gla", "gated_delta_rule"])
+def test_fused_forward_in_fp16(launched, package):
+    """fwd_fused in fp16 (the state and v_new rounded to the input dtype before their dots, as fwd_h stores
+    them) against the float64 reference, with the H100's plans, outputs poisoned."""
+    launched.watch(package)
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, 2, 100, 2, 32, 64, torch.float16, seed=17)
+    with forced_arch("sm90"), launch.forced_sm_count(0):
+        result = compare_with_reference(getattr(pkg, f"chunk_{package}"), getattr(pkg, f"{package}_reference"),
+                                        {**x, "initial_state": torch.randn(2, 2, 32, 64)}, torch.float16,
+                                        name=f"chunk_{package}", guard=poisoned_allocations)
+    assert not result.failures(), result.errors
+    assert f"{package}_fwd_fused_kernel" in launched.take()
