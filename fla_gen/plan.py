@@ -611,12 +611,12 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
         bt, bt_why = 1, "token by token"
-    # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config.
-    kernels = tuple((k.stage, (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
+    # A measured entry (fla_gen/tuned.py) for the same target replaces the rule's config. fwd_fused has its own
+    # rule (plan_fused_walk), which never refuses a target: the generic whole-K rule would, and a refused kernel
+    # drops the whole plan row.
+    kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
+                     else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
-    kernels = tuple((stage, plan_fused_walk(rec, algo.name, shape, arch, dtype, bucket, bt)
-                     if stage == "fwd_fused" else cfg)
-                    for shape, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))

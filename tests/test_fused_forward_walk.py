@@ -6,6 +6,8 @@ gradient, dense and varlen, with initial and final states."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,6 +70,17 @@ def test_planned_fused_walk_never_takes_one_stage(op):
         elif cfg.min_sm_share is not None:
             assert p.arch in FUSED_WALK_ARCHS and measured and cfg.num_stages >= 2, (p.arch, p.dtype, cfg)
     assert any(p.config("fwd_fused").min_sm_share for p in plans)
+
+
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
+def test_fused_walk_keeps_every_plan_row(op):
+    """fwd_fused never costs a target its plan: the plan table has the same (arch, dtype, head dim) rows with and
+    without the kernel (where it does not fit, it is planned as never taken)."""
+    rec = recurrence(op)
+    chunk, _ = select_algorithms(rec)
+    split_only = dataclasses.replace(chunk, kernels=tuple(k for k in chunk.kernels if k.stage != "fwd_fused"))
+    rows = {(p.arch, p.dtype, p.head_dim) for p in plan_table(rec, chunk)}
+    assert rows == {(p.arch, p.dtype, p.head_dim) for p in plan_table(rec, split_only)}
 
 
 def test_planned_fused_walk_tiles_on_the_h100():
