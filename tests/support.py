@@ -12,6 +12,8 @@ import torch
 from fla_gen.canonical import Recurrence, canonicalize
 from fla_gen.check import check_spec
 from fla_gen.parse import read_spec
+from fla_gen.sample import sample_inputs
+from fla_gen.verify import CaseResult, compare_with_reference
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO_ROOT / "specs").glob("*.fla"))
@@ -51,3 +53,20 @@ def poisoned_allocations():
         yield
     finally:
         torch.empty, torch.empty_like, torch.Tensor.new_empty = originals
+
+
+def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: torch.dtype, *, seed: int,
+                     cu_seqlens: list[int] | None = None, op: str | None = None) -> CaseResult:
+    """chunk_<op> of generated/<package> (op defaults to the package) against its float64 reference on fresh
+    inputs of ``dims`` (B, T, H, K, V) and a random initial state: outputs, the final state and every
+    gradient, allocations poisoned. ``cu_seqlens``: packed-sequence offsets (B = 1), or None. The caller's
+    context (forced arch, SM count, plan override) applies to every launch."""
+    op = op or package
+    B, T, H, K, V = dims
+    pkg = generated(package)
+    x = sample_inputs(recurrence(package), B, T, H, K, V, dtype, seed=seed)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
+                                  {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
+                                  name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)

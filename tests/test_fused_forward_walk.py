@@ -22,8 +22,7 @@ from fla_gen.plan import (
 from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.sample import sample_inputs
-from fla_gen.verify import compare_with_reference
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import compare_chunk_op, generated, recurrence
 
 UNGATED, GATED = FUSED_WALK_SHARE[("chunk_scalar_gate", False)][0], FUSED_WALK_SHARE[("chunk_scalar_gate", True)][0]
 
@@ -177,15 +176,9 @@ def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
     """With the H100's plans, fwd_fused (0 SMs) and fwd_h + fwd_o (1000 SMs) against the float64 reference:
     outputs, final states and every gradient, with an initial state, over chunk-boundary lengths and an empty
     sequence, outputs poisoned."""
-    B, T, H, K, V = (1, 130, 2, 64, 32) if cu_seqlens else (2, 100, 2, 32, 64)
-    pkg, rec = generated(package), recurrence(package)
-    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=13)
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    dims = (1, 130, 2, 64, 32) if cu_seqlens else (2, 100, 2, 32, 64)
     with forced_arch("sm90"), launch.forced_sm_count(sms):
-        result = compare_with_reference(getattr(pkg, f"chunk_{package}"), getattr(pkg, f"{package}_reference"),
-                                        {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
-                                        name=f"chunk_{package}", guard=poisoned_allocations, cu_seqlens=cu)
+        result = compare_chunk_op(package, dims, torch.float32, seed=13, cu_seqlens=cu_seqlens)
     assert not result.failures(), result.errors
 
 
@@ -194,11 +187,7 @@ def test_fused_forward_in_fp16(launched, package):
     """fwd_fused in fp16 (the state and v_new rounded to the input dtype before their dots, as fwd_h stores
     them) against the float64 reference, with the H100's plans, outputs poisoned."""
     launched.watch(package)
-    pkg, rec = generated(package), recurrence(package)
-    x = sample_inputs(rec, 2, 100, 2, 32, 64, torch.float16, seed=17)
     with forced_arch("sm90"), launch.forced_sm_count(0):
-        result = compare_with_reference(getattr(pkg, f"chunk_{package}"), getattr(pkg, f"{package}_reference"),
-                                        {**x, "initial_state": torch.randn(2, 2, 32, 64)}, torch.float16,
-                                        name=f"chunk_{package}", guard=poisoned_allocations)
+        result = compare_chunk_op(package, (2, 100, 2, 32, 64), torch.float16, seed=17)
     assert not result.failures(), result.errors
     assert f"{package}_fwd_fused_kernel" in launched.take()

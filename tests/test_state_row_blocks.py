@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from fla_gen.runtime import launch
-from fla_gen.sample import sample_inputs
-from fla_gen.verify import compare_with_reference
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import compare_chunk_op
 from tests.test_state_walk_split import spy_on_launch
 
 
@@ -36,12 +34,7 @@ def test_backward_walk_on_row_blocks(monkeypatch, package, op, K, blocks, dtype)
     """Forward, every gradient (dht and the initial state's included) against the float64 reference, with
     the state gradient split into ``blocks`` row blocks."""
     picked = spy_on_launch(monkeypatch, "state_row_block")
-    B, T, H, V = 2, 70, 1, 16
-    x = sample_inputs(recurrence(package), B, T, H, K, V, dtype, seed=K)
-    pkg = generated(package)
-    result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
-                                    {**x, "initial_state": torch.randn(B, H, K, V)}, dtype,
-                                    name=f"chunk_{op}", guard=poisoned_allocations)
+    result = compare_chunk_op(package, (2, 70, 1, K, 16), dtype, seed=K, op=op)
     assert not result.failures(), result.errors
     assert picked, "bwd_dh did not ask for its row block"
     assert {launch.cdiv(launch.whole_dim_tile(K), rb) for rb in picked} == {blocks}

@@ -11,7 +11,7 @@ from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import overridden_plans
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
 
 
 @pytest.mark.parametrize(("tiles", "dims", "walks", "sms", "expected"), [
@@ -63,15 +63,9 @@ def picked_tiles(monkeypatch):
 def compare_on_many_sms(package: str, op: str, cu_seqlens: list[int] | None, seed: int):
     """chunk_<op> of generated/<package> against its float64 reference, forward and every gradient, launched
     as on a GPU with 1000 SMs (so the small-grid splits apply) at K = V = 64, dense or varlen."""
-    B, T, H, K, V = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
-    pkg, rec = generated(package), recurrence(package)
-    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=seed)
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    dims = (1, 130, 2, 64, 64) if cu_seqlens else (2, 100, 2, 64, 64)
     with launch.forced_sm_count(1000):
-        return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
-                                      {**x, "initial_state": torch.randn(N, H, K, V)}, torch.float32,
-                                      name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+        return compare_chunk_op(package, dims, torch.float32, seed=seed, cu_seqlens=cu_seqlens, op=op)
 
 
 @pytest.mark.parametrize(("package", "op", "cu_seqlens"), [
