@@ -558,9 +558,10 @@ def plan_fused_walk(rec: Recurrence, algorithm: str, shape: KernelShape, arch: A
     elem = _element_bytes(dtype)
     bv = min(block_v, head_dim)
     while bv >= 16:
-        fit = _most_stages_that_fit(shape, tile_dims(chunk_size, head_dim, bv), elem, stages, budget)
+        sizes = tile_dims(chunk_size, head_dim, bv)
+        fit = _most_stages_that_fit(shape, sizes, elem, stages, budget)
         if fit >= 2:
-            used = _smem_bytes(shape, tile_dims(chunk_size, head_dim, bv), elem, fit)
+            used = _smem_bytes(shape, sizes, elem, fit)
             return LaunchConfig(head_dim, bv, warps, fit,
                                 f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {warps} warps, {fit} stages "
                                 f"(~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
