@@ -200,9 +200,14 @@ _CHANNEL_STAGE_CAPS = (
     ArchRule("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
     ArchRule("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
 )
-# fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk, a [BC, BC] block of dots per other sub-chunk,
-# the diagonal block entry by entry. fwd_A loops over K tiles: q, G rows [BC, BK], k^T, G^T [BK, BC].
-_CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BC"), ("BK", "BC")), sub_chunk=True)
+# fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk. fwd_A loops over K tiles once: q, G rows
+# [BC, BK]; k^T, G^T of every earlier sub-chunk [BK, BT] and of the diagonal block [BK, BC].
+_FWD_A_STAGES = ("1 stage: the K loop runs K / BK <= 4 steps; measured on the H100 (benchmarks/sweep_plans.py "
+                 "--stages fwd_A, results/2026-11-24_h100_sweep_gla_fwd_A_s10.json, 4 warps): fwd_A 0.467 -> 0.326 "
+                 "ms at 4x4096x16x128, 0.380 -> 0.341 at 2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64 against 3 "
+                 "stages, which hold 83 KB of shared memory (fla-gen aot) and so fewer programs per SM")
+_CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BC"), ("BK", "BC")),
+                         sub_chunk=True, max_stages=tuple(ArchRule(arch, 1, _FWD_A_STAGES) for arch in ARCHS))
 # K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,

@@ -49,6 +49,12 @@ _DELTA_FWD_WU_2_WARPS = (
     "4 warps; measured on H100 2026-11-23 (benchmarks/sweep_plans.py --stages fwd_wu, bf16, against 4 warps, "
     "benchmarks/results/2026-11-23_h100_sweep_delta_fwd_wu_s4.json): fwd_wu kernel {kernels}, forward {forwards}")
 
+_GLA_FWD_A_2_WARPS = (
+    "2 warps at 1 stage: its dots have 16 rows (one sub-chunk), too few to share among 4 warps; measured on H100 "
+    "2026-11-24 (benchmarks/sweep_plans.py --ops gla --stages fwd_A, bf16, against 4 warps, "
+    "benchmarks/results/2026-11-24_h100_sweep_gla_fwd_A_s10.json): fwd_A kernel {times}; at head dim 64 4 warps "
+    "stay (0.216 against 0.224 ms at 8x2048x32x64)")
+
 _DPLR_FACTORED = (
     "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at {shape} bf16 with RWKV-7 gates (every K block "
     "takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk "
@@ -62,6 +68,11 @@ TUNED: tuple[TunedPlan, ...] = (
     # the measured reason to the one target it was measured on. Its fwd_o entry went with the kernel it
     # measured (fwd_o then built A itself; fwd_A does that now): the rule stands for the new fwd_o.
     TunedPlan("sm90", "chunk_channel_gate", "bwd_dv", "bf16", 128, 64, 128, 4, 2, _GLA_WIDE_V),
+    # gla's fwd_A in one pass over K (session 10), at the 1 stage of plan.py's rule for it.
+    TunedPlan("sm90", "chunk_channel_gate", "fwd_A", "bf16", 128, 64, 64, 2, 1, _GLA_FWD_A_2_WARPS.format(
+        times="0.326 -> 0.261 ms at 4x4096x16x128 (forward 0.754 -> 0.690)")),
+    TunedPlan("sm90", "chunk_channel_gate", "fwd_A", "bf16", 256, 64, 64, 2, 1, _GLA_FWD_A_2_WARPS.format(
+        times="0.341 -> 0.246 ms at 2x8192x8x256 (forward 0.954 -> 0.860)")),
     TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 128, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
         kernels="0.315 -> 0.220 ms (gated_delta_rule 4x4096x16x128), 0.300 -> 0.205 (delta_rule)",
         forwards="0.727 -> 0.648 and 0.657 -> 0.618 ms")),

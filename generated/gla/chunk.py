@@ -144,56 +144,47 @@ def gla_fwd_A_kernel(
     m_r = o_r < n_t
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
-    # off the diagonal, one earlier sub-chunk c at a time (all valid tokens: they precede a valid
-    # row), through this sub-chunk's first token n: exp(G_i - G_n) <= 1 for its rows i,
-    # exp(G_n - G_j) <= 1 for the columns j of c; their product runs on tensor cores
-    for i_c in range(0, i_i):
-        o_b = i_c * BC + o_c
-        b_Ab = tl.zeros([BC, BC], dtype=tl.float32)
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_rk = m_r[:, None] & m_k[None, :]
-            o_x = o_r[:, None] * (H * K) + o_k[None, :]
-            # k^T and G^T tiles [BK, BC] of block c, read transposed through the offsets
-            o_xt = o_b[None, :] * (H * K) + o_k[:, None]
-            b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
-            b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
-                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gn[None, :],
-                                         float("-inf"))))
-            b_kgt = tl.load(k_c + o_xt, mask=m_k[:, None], other=0.).to(tl.float32) * \
-                tl.exp(b_gn[:, None] - tl.load(g_c + o_xt, mask=m_k[:, None], other=0.))
-            b_Ab += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-        tl.store(p_A + o_b[None, :], b_Ab.to(A.dtype.element_ty), mask=m_r[:, None])
-    # The diagonal BC x BC block. How far the gates move within the sub-chunk decides how: with
-    # |G_x - G_n| <= DIAG_SPAN for all its tokens x (the host's launch.factor_span of the dtype), through
-    # its first token n like the blocks above, on tensor cores; else (strong gates) entry by entry, one
-    # key token n + j at a time, with exponents G_i - G_j <= 0 only.
+    # One pass over K for the whole row block, through this sub-chunk's first token n: the rows' factor
+    # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
+    #   - off the diagonal, every earlier column j < n at once, as a [BK, BT] tile of k_j exp(G_n - G_j)
+    #     (<= 1; the columns j >= n are masked loads, so no memory is read for them);
+    #   - the diagonal BC x BC block, whose factor exp(G_n - G_j) is >= 1: it is kept only when the gates
+    #     move little inside the sub-chunk (|G_x - G_n| <= DIAG_SPAN for all its tokens x, the host's
+    #     launch.factor_span of the dtype), else (strong gates) rebuilt below entry by entry, one key
+    #     token n + j at a time, with exponents G_i - G_j <= 0 only.
+    # (It was one K pass per earlier sub-chunk plus two for the diagonal, each reloading the rows.)
+    o_j = tl.arange(0, BT)
+    m_j = o_j < i_n
+    b_Aoff = tl.zeros([BC, BT], dtype=tl.float32)
+    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
     b_span = tl.zeros([], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_rk = m_r[:, None] & m_k[None, :]
+        m_kr = m_k[:, None] & m_r[None, :]
+        m_kj = m_k[:, None] & m_j[None, :]
+        o_x = o_r[:, None] * (H * K) + o_k[None, :]
+        # k^T and G^T tiles, read transposed through the offsets
+        o_xt = o_r[None, :] * (H * K) + o_k[:, None]
+        o_jt = o_j[None, :] * (H * K) + o_k[:, None]
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
-        b_g = tl.load(g_c + o_r[:, None] * (H * K) + o_k[None, :], mask=m_rk, other=0.)
+        b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
-    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) *
+                (scale * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf"))))).to(k.dtype.element_ty)
+        b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
+        b_Aoff += tl.dot(b_qg, b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
+        b_kdt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+            tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
+        b_Ad += tl.dot(b_qg, b_kdt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
     if b_span <= DIAG_SPAN:
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_rk = m_r[:, None] & m_k[None, :]
-            m_kr = m_k[:, None] & m_r[None, :]
-            o_x = o_r[:, None] * (H * K) + o_k[None, :]
-            o_xt = o_r[None, :] * (H * K) + o_k[:, None]
-            b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
-            b_qg = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * \
-                (scale * tl.exp(tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) - b_gn[None, :], float("-inf"))))
-            b_kgt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * \
-                tl.exp(tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")))
-            b_Ad += tl.dot(b_qg.to(k.dtype.element_ty), b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
         b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
     else:
+        b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
