@@ -141,17 +141,24 @@ FUSED_WALK_TILES: dict[tuple[str, bool, int], tuple[int, int, int] | None] = {
     ("chunk_delta", False, 256): (32, 4, 2),
     ("chunk_delta", True, 64): (64, 4, 2), ("chunk_delta", True, 128): (32, 4, 2),
     ("chunk_delta", True, 256): None,
+    # gla (per-channel gates): every V-block program rebuilds q exp(G) and k exp(G_L - G); measured faster only
+    # at head dim 64 (benchmarks/experiments/s10_gla_walk, 8x2048x32x64: 0.575 -> 0.465 ms at [64, 4, 2]); at 128
+    # even at best (4x4096x16x128 [64, 8, 2]: 0.687 -> 0.676 ms, and 0.95-0.99 ms at 32-wide V), slower at 256
+    ("chunk_channel_gate", True, 64): (64, 4, 2), ("chunk_channel_gate", True, 128): None,
+    ("chunk_channel_gate", True, 256): None,
 }
 _FUSED_WALK_FALLBACK = "(launch.fused_walk_block_v), else fwd_h + fwd_o"
+# Every gated walk (a decay to apply each step) measured the same: two programs per SM.
+_GATED_WALK_SHARE = (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs per SM), BV "
+                          f"halving to 32 to get there {_FUSED_WALK_FALLBACK}")
 FUSED_WALK_SHARE = {
     ("chunk_scalar_gate", False): (0.5, "taken while its V / BV * N*H programs fill half of the GPU's SMs, BV "
                                         f"halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
-    ("chunk_scalar_gate", True): (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two "
-                                       f"programs per SM), BV halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
+    ("chunk_scalar_gate", True): _GATED_WALK_SHARE,
     ("chunk_delta", False): (0.45, "taken while its V / BV * N*H programs fill 0.45 of the GPU's SMs, BV halving "
                                    f"to 32 to get there {_FUSED_WALK_FALLBACK}"),
-    ("chunk_delta", True): (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs "
-                                 f"per SM), BV halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
+    ("chunk_delta", True): _GATED_WALK_SHARE,
+    ("chunk_channel_gate", True): _GATED_WALK_SHARE,
 }
 _FUSED_WALK_MEASURED = "measured on the H100 (plan.py FUSED_WALK_TILES)"
 # Only where measured: on the mma.sync targets these tiles spill 24-400 B (fla-gen aot, sm80/sm89, head dims
@@ -217,6 +224,10 @@ _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), (
 # once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
 _CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV")),
                            wide_v=("sm90", "sm100"))
+# fwd_h + fwd_o in one walk: q, G [BT, BK], k^T, G^T [BK, BT], A [BT, BT] and v tiles per chunk, the state
+# staged once per step as a dot operand (G is fp32: `fla-gen aot` checks the real size).
+_CHANNEL_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BT"),
+                                           ("BT", "BV")), (("BK", "BV"),), whole_k=True)
 # bwd_dqkg: the inter-chunk dots do h^T, v dh^T in a V loop; the intra parts come from bwd_dqk_intra.
 _CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
                             max_block_k=(32, "K in 32-wide tiles: at 64 the [BT, BK] fp32 tiles of the epilogue take "
@@ -259,7 +270,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHUNK_DSTATE,
+                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
@@ -550,8 +561,8 @@ def plan_fused_walk(rec: Recurrence, algorithm: str, shape: KernelShape, arch: A
     gated = rec.decay_kind != "none"
     tiles = FUSED_WALK_TILES[(algorithm, gated, head_dim)]
     if tiles is None:
-        return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was slower than fwd_h + fwd_o on "
-                                         f"every grid measured ({_FUSED_WALK_MEASURED})")
+        return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was no faster than fwd_h + fwd_o on "
+                                         f"any grid measured ({_FUSED_WALK_MEASURED})")
     if arch.name not in FUSED_WALK_ARCHS:
         return _never_launched(head_dim, "measured on the H100 only, and on the mma.sync targets its tiles spill "
                                          "(fla-gen aot)")

@@ -1,5 +1,6 @@
 """The forward as one walk that also writes the outputs (fwd_fused) in the scalar-gate family (linear_attn,
-simple_gla) and the delta family (delta_rule, gated_delta_rule, and the transforms spec on its kernels): when the
+simple_gla), the channel-gate family (gla) and the delta family (delta_rule, gated_delta_rule, and the transforms
+spec on its kernels): when the
 launcher takes it (launch.fused_walk_block_v, the planner's measured share of the SMs), that it is the kernel
 that runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64 reference with every
 gradient, dense and varlen, with initial and final states."""
@@ -50,7 +51,7 @@ def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
     assert launch.fused_walk_block_v(block_v, V, walks, sms, share) == expected
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_planned_fused_walk_never_takes_one_stage(op):
     """One stage with a gate is miscompiled on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every
     fwd_fused planned for a measured target has 2 or more stages and the share measured for its algorithm and
@@ -71,7 +72,7 @@ def test_planned_fused_walk_never_takes_one_stage(op):
     assert any(p.config("fwd_fused").min_sm_share for p in plans)
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_fused_walk_keeps_every_plan_row(op):
     """fwd_fused never costs a target its plan: the plan table has the same (arch, dtype, head dim) rows with and
     without the kernel (where it does not fit, it is planned as never taken)."""
@@ -138,7 +139,7 @@ def test_sm80_plans_keep_the_split_forward(launched):
     assert "simple_gla_fwd_fused_kernel" not in launched.take()
 
 
-@pytest.mark.parametrize("package", ["linear_attn", "simple_gla", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("package", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_the_launcher_picks_the_forward_by_grid(launched, package):
     """With the H100's plans: off CUDA (0 SMs) the forward is fwd_fused alone; as on a GPU with 1000 SMs (a
     2-sequence, 2-head grid far below any share of them) it is fwd_h + fwd_o; a plan override pinning
@@ -166,6 +167,8 @@ def test_the_launcher_picks_the_forward_by_grid(launched, package):
     ("linear_attn", [0, 50, 50, 130]),
     ("simple_gla", None),
     ("simple_gla", [0, 63, 64, 64, 130]),
+    ("gla", None),
+    ("gla", [0, 63, 64, 64, 130]),
     ("delta_rule", None),
     ("delta_rule", [0, 50, 50, 130]),
     ("gated_delta_rule", None),
@@ -182,7 +185,7 @@ def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
     assert not result.failures(), result.errors
 
 
-@pytest.mark.parametrize("package", ["simple_gla", "gated_delta_rule"])
+@pytest.mark.parametrize("package", ["simple_gla", "gla", "gated_delta_rule"])
 def test_fused_forward_in_fp16(launched, package):
     """fwd_fused in fp16 (the state and v_new rounded to the input dtype before their dots, as fwd_h stores
     them) against the float64 reference, with the H100's plans, outputs poisoned."""

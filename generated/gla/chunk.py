@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """chunk_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel).
+Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel).
 """
 
 import torch
@@ -241,6 +241,68 @@ def gla_fwd_o_kernel(
     b_o += tl.dot(b_A.to(v.dtype.element_ty), tl.load(v + p_y + o_y, mask=m_iv, other=0.),
                   input_precision=DOT_PRECISION)
     tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def gla_fwd_fused_kernel(
+    q, k, v, G, A, o, h0, ht, cu_seqlens, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # fwd_h and fwd_o in one kernel: one program per (V block, sequence * head) walks the chunks of its
+    # sequence with the whole-K [BK, BV] state in fp32 registers and writes each chunk's output from it,
+    # o = scale (q exp(G)) h + A v (A from fwd_A), so no chunk state goes through memory. The price: a grid
+    # of V / BV * N * H programs, each rebuilding q exp(G) and k exp(G_L - G) for its V block (the launcher
+    # takes fwd_h + fwd_o when that leaves the GPU short of programs, launch.fused_walk_block_v).
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        NT = tl.cdiv(T_seq, BT)
+    else:
+        bos = i_n.to(tl.int64) * T
+        T_seq = T
+        NT = tl.cdiv(T, BT)
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    o_s = o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    o_x = o_i[:, None] * (H * K) + o_k[None, :]
+    # k^T and G^T tiles [BK, BT] are read transposed through the offsets
+    o_xt = o_i[None, :] * (H * K) + o_k[:, None]
+    o_y = o_i[:, None] * (H * V) + o_v[None, :]
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.)
+    for i_t in range(0, NT):
+        t0 = bos + i_t * BT
+        n_t = tl.minimum(T_seq - i_t * BT, BT)
+        m_i = o_i < n_t
+        m_ik = m_i[:, None] & m_k[None, :]
+        m_ki = m_k[:, None] & m_i[None, :]
+        m_iv = m_i[:, None] & m_v[None, :]
+        p_x = (t0 * H + i_h) * K
+        p_y = (t0 * H + i_h) * V
+        b_v = tl.load(v + p_y + o_y, mask=m_iv, other=0.)
+        # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o; G <= 0
+        b_qg = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * \
+            (scale * tl.exp(tl.load(G + p_x + o_x, mask=m_ik, other=0.)))
+        b_o = tl.dot(b_qg.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=DOT_PRECISION)
+        # fwd_A wrote every column of the valid rows (zeros above the diagonal)
+        b_A = tl.load(A + (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.)
+        b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
+        tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
+        # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
+        b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
+        b_kgt = tl.load(k + p_x + o_xt, mask=m_ki, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_ki, b_gl[:, None] - tl.load(G + p_x + o_xt, mask=m_ki, other=0.), float("-inf")))
+        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+    if STORE_FINAL_STATE:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
 
 
 @triton.jit
@@ -544,7 +606,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B == 1), or None.
         chunk_indices: [NT, 2] int32, chunk_offsets [N + 1] int32 from prepare_chunk_indices at
             plan.chunk_size, or None.
-        plan: the Plan; stages cumsum, fwd_h, fwd_A, fwd_o.
+        plan: the Plan; stages cumsum, fwd_A, then fwd_fused (the state walk that also writes the
+            outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
 
     Returns:
         o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A)
@@ -554,8 +617,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
-    h, ht = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
@@ -567,6 +630,38 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
+    if BV:
+        cfg = plan.config("fwd_fused")
+        o = torch.empty_like(v)
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        gla_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+            q,
+            k,
+            v,
+            G,
+            A,
+            o,
+            initial_state,
+            final_state,
+            cu_seqlens,
+            scale,
+            T,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=launch.whole_dim_tile(K),
+            BV=BV,
+            USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state,
+            IS_VARLEN=cu_seqlens is not None,
+            DOT_PRECISION=dot_precision,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return o, final_state, (G, A)
+    h, ht = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
