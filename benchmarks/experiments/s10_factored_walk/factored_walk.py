@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
 from fla_gen.runtime import launch  # noqa: E402
 from fla_gen.runtime.dispatch import select_plan  # noqa: E402
 
@@ -153,17 +152,10 @@ def main() -> int:
     p.add_argument("--ops", default="simple_gla,gated_delta_rule")
     p.add_argument("--shapes", default="4x4096x16x128,8x2048x32x64,1x16384x16x128,2x8192x8x256")
     p.add_argument("--configs", default="32,4,2;32,4,3;64,4,2;64,4,3")
-    p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16", help="float32 for a CPU check under TRITON_INTERPRET=1")
-    p.add_argument("--out", default=None)
+    add_run_options(p)
     a = p.parse_args()
     dtype = getattr(torch, a.dtype)
-
-    def bench(f):
-        if a.device != "cuda":
-            return float("nan")
-        return do_bench(f, warmup=25, rep=a.reps, return_mode="median")
+    bench = timer(a)
 
     rows = []
     for op in a.ops.split(","):
@@ -212,11 +204,7 @@ def main() -> int:
                       f"{'  ' + g['error'] if 'error' in g else ''}{'  ' + f['error'] if 'error' in f else ''}",
                       flush=True)
             rows.append(row)
-    if a.out:
-        with open(a.out, "w") as f:
-            device = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f,
-                      indent=1)
+    write_record(a, rows)
     print("\nop               shape            best generated           best factored")
     for r in rows:
         def best(name, r=r):

@@ -14,19 +14,18 @@ no initial or final state; checked against the generated op and the float64 refe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
 from fla_gen.runtime import launch  # noqa: E402
 from fla_gen.runtime.dispatch import select_plan  # noqa: E402
 
@@ -71,19 +70,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="4x4096x16x128,8x2048x32x64,1x16384x16x128,2x8192x8x256")
     p.add_argument("--configs", default="32,4,1;32,4,2;64,4,1;64,4,2;32,8,2;64,8,2")
-    p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16", help="float32 for a CPU check under TRITON_INTERPRET=1")
-    p.add_argument("--out", default=None)
+    add_run_options(p)
     a = p.parse_args()
     dtype = getattr(torch, a.dtype)
     import generated.gla as pkg
     chunk = pkg.chunk
-
-    def bench(f):
-        if a.device != "cuda":
-            return float("nan")
-        return do_bench(f, warmup=25, rep=a.reps, return_mode="median")
+    bench = timer(a)
 
     rows = []
     for shape in a.shapes.split(","):
@@ -136,11 +128,7 @@ def main() -> int:
             print(f"  fused [{cfg}] {entry['ms']:.3f} ms  x{base / entry['ms']:.2f}  err vs op "
                   f"{entry.get('err_vs_op')} vs fp64 {entry.get('err_vs_fp64')} {entry.get('error', '')}", flush=True)
         rows.append(row)
-    if a.out:
-        with open(a.out, "w") as f:
-            device = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f,
-                      indent=1)
+    write_record(a, rows)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
-import json
 import os
 import sys
 import tempfile
@@ -30,12 +29,12 @@ import tempfile
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
 from fla_gen.runtime import launch  # noqa: E402
 from fla_gen.runtime.dispatch import select_plan  # noqa: E402
 
@@ -165,18 +164,11 @@ def main() -> int:
     p.add_argument("--shapes", default="4x4096x16x128,8x2048x32x64,1x16384x16x128,2x8192x8x256")
     p.add_argument("--configs", default="64,4,2;64,4,3;32,4,2;32,4,3;64,8,2")
     p.add_argument("--variants", default="factored,w_in_walk")
-    p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16", help="float32 for a CPU check under TRITON_INTERPRET=1")
+    add_run_options(p)
     p.add_argument("--max-reference-tokens", type=int, default=20000)
-    p.add_argument("--out", default=None)
     a = p.parse_args()
     dtype = getattr(torch, a.dtype)
-
-    def bench(f):
-        if a.device != "cuda":
-            return float("nan")  # a correctness check only
-        return do_bench(f, warmup=25, rep=a.reps, return_mode="median")
+    bench = timer(a)
     wu_kernel = ai_only_wu_kernel()
     rows = []
     for op in a.ops.split(","):
@@ -224,11 +216,7 @@ def main() -> int:
                     print(f"  {variant:10s} [{cfg}] {ms:.3f} ms  x{base / ms:.2f}  err vs generated {err:.1e} "
                           f"vs fp64 {err_exact}", flush=True)
             rows.append(row)
-    if a.out:
-        with open(a.out, "w") as f:
-            device = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f,
-                      indent=1)
+    write_record(a, rows)
     print("\nop               shape            generated  best variant")
     for r in rows:
         best = min((x for x in r["variants"] if x["ms"] == x["ms"]), key=lambda x: x["ms"], default=None)

@@ -25,19 +25,17 @@ import argparse
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 import sys
 import tempfile
 
 import torch
-import triton
-from triton.testing import do_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
 
 
 def power_inverse(blocks: int = 4) -> str:
@@ -95,17 +93,10 @@ def main() -> int:
     p.add_argument("--shapes", default="4x4096x16x128,8x2048x32x64,1x16384x16x128,2x8192x8x256")
     p.add_argument("--variants", default="subst,power,subst_tf32x3,power_tf32x3")
     p.add_argument("--warps", default="1,2")
-    p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16", help="float32 for a CPU check under TRITON_INTERPRET=1")
-    p.add_argument("--out", default=None)
+    add_run_options(p)
     a = p.parse_args()
     dtype = getattr(torch, a.dtype)
-
-    def bench(f):
-        if a.device != "cuda":
-            return float("nan")
-        return do_bench(f, warmup=25, rep=a.reps, return_mode="median")
+    bench = timer(a)
 
     rows = []
     for op in a.ops.split(","):
@@ -156,11 +147,7 @@ def main() -> int:
                     print(f"  {variant:13s} {warps}w fwd {fwd_ms:.3f} f+b {fb_ms:.3f}  max err vs generated "
                           f"{max(errs, default=float('nan')):.1e}  o vs fp64 {err_exact}", flush=True)
             rows.append(row)
-    if a.out:
-        with open(a.out, "w") as f:
-            device = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f,
-                      indent=1)
+    write_record(a, rows)
     print("\nop               shape            generated fwd / f+b   best fwd variant          best f+b variant")
     for r in rows:
         ok = [x for x in r["variants"] if x["fwd_ms"] == x["fwd_ms"]]
