@@ -8,9 +8,11 @@ gradient, dense and varlen, with initial and final states."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fla_gen.plan import (
     FUSED_WALK_ARCHS,
@@ -23,7 +25,8 @@ from fla_gen.plan import (
 from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.sample import sample_inputs
-from tests.support import compare_chunk_op, generated, recurrence
+from fla_gen.verify import compare_with_reference
+from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
 
 UNGATED, GATED = FUSED_WALK_SHARE[("chunk_scalar_gate", False)][0], FUSED_WALK_SHARE[("chunk_scalar_gate", True)][0]
 
@@ -194,3 +197,24 @@ def test_fused_forward_in_fp16(launched, package):
         result = compare_chunk_op(package, (2, 100, 2, 32, 64), torch.float16, seed=17)
     assert not result.failures(), result.errors
     assert f"{package}_fwd_fused_kernel" in launched.take()
+
+
+def test_gla_walk_with_strong_gates(launched):
+    """gla's walk (sm90's plan at head dim 64, 0 SMs: always taken) with per-channel log gates from
+    logsigmoid(N(0, 1)) / 4 down to x 40, so a chunk's gate sums reach ~ -2000: its exponents G and G_L - G
+    stay <= 0 however strong the gates. Against the float64 reference with every gradient, varlen with empty
+    sequences, outputs poisoned."""
+    launched.watch("gla")
+    pkg, rec = generated("gla"), recurrence("gla")
+    B, T, H, K, V = 1, 150, 2, 64, 40
+    cu_seqlens = [0, 0, 70, 70, 150]
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=21)
+    strength = torch.logspace(math.log10(0.25), math.log10(40.0), K)
+    x["g"] = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(22))) * strength
+    state = torch.randn(len(cu_seqlens) - 1, H, K, V)
+    with forced_arch("sm90"), launch.forced_sm_count(0):
+        result = compare_with_reference(pkg.chunk_gla, pkg.gla_reference, {**x, "initial_state": state},
+                                        torch.float32, name="chunk_gla", guard=poisoned_allocations,
+                                        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32))
+    assert not result.failures(), result.errors
+    assert "gla_fwd_fused_kernel" in launched.take()
