@@ -1,9 +1,8 @@
 """The forward as one walk that also writes the outputs (fwd_fused) in the scalar-gate family (linear_attn,
 simple_gla), the channel-gate family (gla) and the delta family (delta_rule, gated_delta_rule, and the transforms
-spec on its kernels): when the
-launcher takes it (launch.fused_walk_block_v, the planner's measured share of the SMs), that it is the kernel
-that runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64 reference with every
-gradient, dense and varlen, with initial and final states."""
+spec on its kernels): when the launcher takes it (launch.fused_walk_block_v, the planner's measured share of the
+SMs), that it is the kernel that runs, and that both forwards (fwd_fused, and fwd_h + fwd_o) match the float64
+reference with every gradient, dense and varlen, with initial and final states."""
 
 from __future__ import annotations
 
