@@ -7,7 +7,10 @@ Each experiment runs on the GPU for its timings and, with ``--device cpu --dtype
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -40,3 +43,15 @@ def write_record(args: argparse.Namespace, rows: list) -> None:
     with open(args.out, "w") as f:
         json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f,
                   indent=1)
+
+
+def jit_from_source(source: str, name: str):
+    """The function ``name`` of a kernel's edited source (a generated kernel's, cut or rewritten as text): written
+    to a module of its own and imported, since Triton's JIT reads a kernel's source from its file."""
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n\n" + source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)

@@ -24,7 +24,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import tempfile
 
 import torch
 import triton
@@ -34,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
-from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, jit_from_source, timer, write_record  # noqa: E402
 from fla_gen.runtime import launch  # noqa: E402
 from fla_gen.runtime.dispatch import select_plan  # noqa: E402
 
@@ -51,13 +50,7 @@ def ai_only_wu_kernel():
         "        b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)\n"
         "        tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t)\n"
     )
-    path = os.path.join(tempfile.mkdtemp(), "ai_only_wu.py")
-    with open(path, "w") as f:
-        f.write("import triton\nimport triton.language as tl\n\n\n" + head + tail)
-    spec = importlib.util.spec_from_file_location("ai_only_wu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.ai_only_wu_kernel
+    return jit_from_source(head + tail, "ai_only_wu_kernel")
 
 
 @triton.jit(do_not_specialize=["T"])

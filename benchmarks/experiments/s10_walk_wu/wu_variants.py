@@ -27,7 +27,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -35,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(HERE)))]
 
 from benchmarks._ops import OPS, make_inputs, rel_err, scale_for  # noqa: E402
-from benchmarks.experiments.harness import add_run_options, timer, write_record  # noqa: E402
+from benchmarks.experiments.harness import add_run_options, jit_from_source, timer, write_record  # noqa: E402
 
 
 def power_inverse(blocks: int = 4) -> str:
@@ -67,13 +66,7 @@ def load_variant(op: str, variant: str):
     chunk = importlib.import_module(f"generated.{op}.chunk")
     name = f"{op}_fwd_wu_kernel"
     src = inspect.getsource(getattr(chunk, name).fn)
-    path = os.path.join(tempfile.mkdtemp(), f"{op}_{variant}.py")
-    with open(path, "w") as f:
-        f.write("import triton\nimport triton.language as tl\n\n\n" + variant_source(src, name, variant))
-    spec = importlib.util.spec_from_file_location(f"{op}_{variant}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.variant_kernel
+    return jit_from_source(variant_source(src, name, variant), "variant_kernel")
 
 
 class WithWarps:
