@@ -11,7 +11,7 @@ Per (op, shape) one worker process selects the op's build-time plan, runs the de
 (outputs kept as the check), then per kernel (``stage``) tries variants through
 ``fla_gen.runtime.dispatch.overridden_plans``, without rebuilding:
 - the grid: block_k, block_v in {32, 64, 128} (at most the padded head dim), num_warps {4, 8},
-  num_stages {1, 2, 3}; variants nearest the default first (one field changed, then two, ...), at
+  num_stages {1, 2, 3, 4}; variants nearest the default first (one field changed, then two, ...), at
   most ``--max-variants`` per kernel; ``--extra-variants JSON`` adds hand-picked ones first.
 - the forward's two paths: where the plan takes fwd_fused (the walk that writes the outputs), a variant of
   fwd_h or fwd_o runs the split forward (launch.fused_walk_tile), and a variant of fwd_fused runs the walk
@@ -65,7 +65,8 @@ import _ops  # noqa: E402
 FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
 TILES = (32, 64, 128)
 WARPS = (4, 8)
-STAGES = (1, 2, 3)
+# 4 stages: session 11 found them fastest for the scalar- and channel-gate state walks (fla_gen/tuned.py)
+STAGES = (1, 2, 3, 4)
 # Test hooks, comma-separated: "stage:variant" makes the worker die (os._exit) there, "cuda:stage:variant"
 # raise a CUDA error there (exercises the restart paths).
 CRASH_ENV = "FLA_GEN_SWEEP_TEST_CRASH"
