@@ -55,6 +55,13 @@ _GLA_FWD_A_2_WARPS = (
     "benchmarks/results/2026-11-24_h100_sweep_gla_fwd_A_s10.json): fwd_A kernel {times}; at head dim 64 4 warps "
     "stay (0.216 against 0.224 ms at 8x2048x32x64)")
 
+_WALK_4_STAGES = (
+    "{warps} warps, 4 stages: the state walk streams each chunk's inputs past a state that stays in registers, "
+    "and a fourth stage keeps one more chunk's loads in flight (fla-core's autotune picks 4 stages for its "
+    "forward walk, chunk_fwd_kernel_h, at head dim 256); measured on H100 2026-11-24 (benchmarks/sweep_plans.py --extra-variants "
+    "with num_stages 4, bf16, kernel alone, benchmarks/results/2026-11-24_h100_sweep_fwd_h_stages_s11.json and "
+    "..._sweep_4_stages_gated_s11.json): {times}")
+
 _DPLR_FACTORED = (
     "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at {shape} bf16 with RWKV-7 gates (every K block "
     "takes the factored dots), benchmarks/sweep_plans.py --stages fwd_intra,bwd_dqk "
@@ -73,6 +80,21 @@ TUNED: tuple[TunedPlan, ...] = (
         times="0.326 -> 0.261 ms at 4x4096x16x128 (forward 0.754 -> 0.690)")),
     TunedPlan("sm90", "chunk_channel_gate", "fwd_A", "bf16", 256, 64, 64, 2, 1, _GLA_FWD_A_2_WARPS.format(
         times="0.341 -> 0.246 ms at 2x8192x8x256 (forward 0.954 -> 0.860)")),
+    # The scalar- and channel-gate state walks (session 11): one more pipeline stage, and 8 warps for gla's.
+    TunedPlan("sm90", "chunk_scalar_gate", "fwd_h", "bf16", 256, 64, 64, 4, 4, _WALK_4_STAGES.format(
+        warps=4, times="fwd_h 0.161 -> 0.149 and 0.150 ms (simple_gla 2x8192x8x256, two sweeps; forward 0.371 -> "
+                       "0.360); not at head dim 128 (0.094-0.096 ms at 4x4096x16x128 either way)")),
+    TunedPlan("sm90", "chunk_scalar_gate", "bwd_dh", "bf16", 256, 64, 64, 4, 4, _WALK_4_STAGES.format(
+        warps=4, times="bwd_dh 0.164 -> 0.150 ms (simple_gla 2x8192x8x256), 0.158 -> 0.146 (linear_attn); at head "
+                       "dim 128 0.098 -> 0.101 (simple_gla 4x4096x16x128), so not there")),
+    TunedPlan("sm90", "chunk_channel_gate", "fwd_h", "bf16", 128, 64, 64, 8, 4, _WALK_4_STAGES.format(
+        warps=8, times="fwd_h 0.168 -> 0.160 ms at 4x4096x16x128 (4 warps at 4 stages: 0.167)")),
+    TunedPlan("sm90", "chunk_channel_gate", "fwd_h", "bf16", 256, 64, 64, 8, 4, _WALK_4_STAGES.format(
+        warps=8, times="fwd_h 0.301 -> 0.281 ms at 2x8192x8x256 (4 warps at 4 stages: 0.296)")),
+    TunedPlan("sm90", "chunk_channel_gate", "bwd_dh", "bf16", 128, 64, 64, 8, 4, _WALK_4_STAGES.format(
+        warps=8, times="bwd_dh 0.170 -> 0.155 ms at 4x4096x16x128")),
+    TunedPlan("sm90", "chunk_channel_gate", "bwd_dh", "bf16", 256, 64, 64, 8, 4, _WALK_4_STAGES.format(
+        warps=8, times="bwd_dh 0.302 -> 0.257 ms at 2x8192x8x256")),
     TunedPlan("sm90", "chunk_delta", "fwd_wu", "bf16", 128, 64, 64, 2, 3, _DELTA_FWD_WU_2_WARPS.format(
         kernels="0.315 -> 0.220 ms (gated_delta_rule 4x4096x16x128), 0.300 -> 0.205 (delta_rule)",
         forwards="0.727 -> 0.648 and 0.657 -> 0.618 ms")),

@@ -315,6 +315,23 @@ CHUNK_PLANS = {
                                  reason='32x32 tiles, 1 stage(s): ~56 KB of 99 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
         ),
     ),
+    ("sm90", "fp16", 256): Plan(
+        "sm90", "fp16", 256, chunk_size=64,
+        chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
+        kernels=(
+            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
+            ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("fwd_fused", LaunchConfig(256, 32, num_warps=4, num_stages=3,
+                                 min_sm_share=0.5,
+                                 reason="whole K (256) with a [K, 32] fp32 state tile, 4 warps, 3 stages (~220 KB of 227 KB), without a gate: measured on the H100 (plan.py FUSED_WALK_TILES); taken while its V / BV * N*H programs fill half of the GPU's SMs, BV halving to 32 to get there (launch.fused_walk_block_v), else fwd_h + fwd_o")),
+            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=3,
+                                 reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
+        ),
+    ),
     ("sm90", "bf16", 64): Plan(
         "sm90", "bf16", 64, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
@@ -353,15 +370,15 @@ CHUNK_PLANS = {
         "sm90", "bf16", 256, chunk_size=64,
         chunk_size_reason='64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps',
         kernels=(
-            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason="64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
+            ("fwd_h", LaunchConfig(64, 64, num_warps=4, num_stages=4,
+                                 reason="tuned (fla_gen/tuned.py): 4 warps, 4 stages: the state walk streams each chunk's inputs past a state that stays in registers, and a fourth stage keeps one more chunk's loads in flight (fla-core's autotune picks 4 stages for its forward walk, chunk_fwd_kernel_h, at head dim 256); measured on H100 2026-11-24 (benchmarks/sweep_plans.py --extra-variants with num_stages 4, bf16, kernel alone, benchmarks/results/2026-11-24_h100_sweep_fwd_h_stages_s11.json and ..._sweep_4_stages_gated_s11.json): fwd_h 0.161 -> 0.149 and 0.150 ms (simple_gla 2x8192x8x256, two sweeps; forward 0.371 -> 0.360); not at head dim 128 (0.094-0.096 ms at 4x4096x16x128 either way); at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")),
             ("fwd_o", LaunchConfig(64, 64, num_warps=4, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~80 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
             ("fwd_fused", LaunchConfig(256, 32, num_warps=4, num_stages=3,
                                  min_sm_share=0.5,
                                  reason="whole K (256) with a [K, 32] fp32 state tile, 4 warps, 3 stages (~220 KB of 227 KB), without a gate: measured on the H100 (plan.py FUSED_WALK_TILES); taken while its V / BV * N*H programs fill half of the GPU's SMs, BV halving to 32 to get there (launch.fused_walk_block_v), else fwd_h + fwd_o")),
-            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=3,
-                                 reason='64x64 tiles, 3 stage(s): ~48 KB of 227 KB shared memory; 4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)')),
+            ("bwd_dh", LaunchConfig(64, 64, num_warps=4, num_stages=4,
+                                 reason="tuned (fla_gen/tuned.py): 4 warps, 4 stages: the state walk streams each chunk's inputs past a state that stays in registers, and a fourth stage keeps one more chunk's loads in flight (fla-core's autotune picks 4 stages for its forward walk, chunk_fwd_kernel_h, at head dim 256); measured on H100 2026-11-24 (benchmarks/sweep_plans.py --extra-variants with num_stages 4, bf16, kernel alone, benchmarks/results/2026-11-24_h100_sweep_fwd_h_stages_s11.json and ..._sweep_4_stages_gated_s11.json): bwd_dh 0.164 -> 0.150 ms (simple_gla 2x8192x8x256), 0.158 -> 0.146 (linear_attn); at head dim 128 0.098 -> 0.101 (simple_gla 4x4096x16x128), so not there")),
             ("bwd_dqkvg", LaunchConfig(64, 64, num_warps=8, num_stages=3,
                                  reason='64x64 tiles, 3 stage(s): ~152 KB of 227 KB shared memory; 8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers')),
         ),
@@ -520,8 +537,10 @@ CHUNK_PLANS = {
         ),
     ),
 }
-# fp16 rows: the bf16 rows but for the dtype (same element size).
-CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16"))
+# fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 256),
+)))
 
 # fused_recurrent_gated: the decode kernels
 RECURRENT_PLANS = {
