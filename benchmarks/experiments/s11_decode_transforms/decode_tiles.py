@@ -37,9 +37,13 @@ def main() -> int:
     p.add_argument("--spec", default="gated_delta_rule_rope")
     p.add_argument("--B", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default=None, help="BV:warps,... (default: " +
+                   ",".join(f"{bv}:{w}" for bv, w in VARIANTS) + ")")
     add_run_options(p)
     args = p.parse_args()
     bench = timer(args)
+    variants = (tuple(tuple(int(x) for x in v.split(":")) for v in args.variants.split(","))
+                if args.variants else VARIANTS)
     dtype = getattr(torch, args.dtype)
     B, H, D = (args.B, 16, 128) if args.device == "cuda" else (2, 2, 32)
     rec = load_recurrence(ROOT / "specs" / f"{args.spec}.fla")
@@ -66,11 +70,11 @@ def main() -> int:
     if args.device == "cuda":  # bring the clocks up before the first timing (the first variant read 2x slow)
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         bench(lambda: a @ a)
-    times: dict[tuple[int, int], list[float]] = {v: [] for v in VARIANTS}
+    times: dict[tuple[int, int], list[float]] = {v: [] for v in variants}
     errs: dict[tuple[int, int], float] = {}
     try:
         for r in range(args.rounds):  # variants interleaved, alternating order: drift shows as spread
-            for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+            for v in (variants if r % 2 == 0 else variants[::-1]):
                 use(*v)
                 out = call()
                 errs[v] = max(float((a.float() - b.float()).norm() / b.float().norm())
