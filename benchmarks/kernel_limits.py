@@ -48,7 +48,8 @@ COLUMNS = {
                    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
                    "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"),
     "xu_pct": ("sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",),
-    "issue_pct": ("sm__issue_active.avg.pct_of_peak_sustained_active",
+    "issue_pct": ("sm__issue_active.avg.pct_of_peak_sustained_elapsed",
+                  "sm__issue_active.avg.pct_of_peak_sustained_active",
                   "smsp__issue_active.avg.pct_of_peak_sustained_active"),
 }
 BUSY = 60.0
