@@ -23,7 +23,7 @@ def test_variants_nearest_first_within_the_head_dim():
     assert changed == sorted(changed) and changed[0] == 1
     assert {sweep_plans.vkey(v) for v in vs if sum(v[f] != DEFAULT[f] for f in sweep_plans.FIELDS) == 1} == {
         "bk32_bv64_w4_s2", "bk64_bv32_w4_s2", "bk64_bv128_w4_s2", "bk64_bv64_w8_s2", "bk64_bv64_w4_s1",
-        "bk64_bv64_w4_s3"}
+        "bk64_bv64_w4_s3", "bk64_bv64_w4_s4"}
     first = sweep_plans.variants(DEFAULT, K=64, V=64, limit=3, extra=[{"num_warps": 2}, {}])
     assert sweep_plans.vkey(first[0]) == "bk64_bv64_w2_s2" and len(first) == 3  # the default itself is dropped
     small = sweep_plans.variants(DEFAULT, K=20, V=64, limit=100)  # tiles clamp to 32 on K: so does the default
@@ -33,8 +33,8 @@ def test_variants_nearest_first_within_the_head_dim():
 def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     out = tmp_path / "sweep.json"
     # K = 20: the launcher clamps block_k to 32 (the default's 64 too), so bk128 launches as the default.
-    # Variants in order: bv48, bk128 (extra), then around (32, 64, 4, 2): s3, bv32, s1, w8; the worker dies
-    # at bv32 and hits a CUDA error at s1.
+    # Variants in order: bv48, bk128 (extra), then around (32, 64, 4, 2): s3, s4, bv32, s1 (w8 is the seventh);
+    # the worker dies at bv32 and hits a CUDA error at s1.
     env = dict(os.environ, **{sweep_plans.CRASH_ENV: "fwd_o:bk32_bv32_w4_s2,cuda:fwd_o:bk32_bv64_w4_s1"})
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "sweep_plans.py"), "--fake", "--quick",
            "--ops", "linear_attn", "--shapes", "1x20x1x20x64", "--stages", "fwd_o", "--max-variants", "6",
@@ -53,7 +53,7 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     assert status["bk32_bv32_w4_s2"] == "crash"  # the worker died there and was restarted after it
     assert status["bk32_bv64_w4_s1"] == "crash"  # a CUDA error: recorded, then a fresh worker
     ok = [v for v in row["variants"] if v["status"] == "ok"]
-    assert [v["variant"] for v in ok] == ["bk32_bv64_w4_s3", "bk32_bv64_w8_s2"]
+    assert [v["variant"] for v in ok] == ["bk32_bv64_w4_s3", "bk32_bv64_w4_s4"]
     assert all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 and v["launch"][0][:2] == [32, 64] for v in ok)
     assert report["workers"]["linear_attn_1x20x1x20x64"]["starts"] == 3
     assert row["best"] in {v["variant"] for v in ok} and row["speedup"] > 0
