@@ -58,9 +58,9 @@ _GLA_FWD_A_2_WARPS = (
 _WALK_4_STAGES = (
     "{warps} warps, 4 stages: the state walk streams each chunk's inputs past a state that stays in registers, "
     "and a fourth stage keeps one more chunk's loads in flight (fla-core's autotune picks 4 stages for its "
-    "forward walk, chunk_fwd_kernel_h, at head dim 256); measured on H100 2026-11-24 (benchmarks/sweep_plans.py --extra-variants "
-    "with num_stages 4, bf16, kernel alone, benchmarks/results/2026-11-24_h100_sweep_fwd_h_stages_s11.json and "
-    "..._sweep_4_stages_gated_s11.json): {times}")
+    "forward walk, chunk_fwd_kernel_h, at head dim 256); measured on H100 2026-11-24 (benchmarks/sweep_plans.py "
+    "--extra-variants with num_stages 4, bf16, kernel alone, "
+    "benchmarks/results/2026-11-24_h100_sweep_fwd_h_stages_s11.json and ..._sweep_4_stages_gated_s11.json): {times}")
 
 _DPLR_FACTORED = (
     "{what}; measured on H100 2026-11-23 for chunk_rwkv7 at {shape} bf16 with RWKV-7 gates (every K block "
@@ -83,7 +83,8 @@ TUNED: tuple[TunedPlan, ...] = (
     # The scalar- and channel-gate state walks (session 11): one more pipeline stage, and 8 warps for gla's.
     TunedPlan("sm90", "chunk_scalar_gate", "fwd_h", "bf16", 256, 64, 64, 4, 4, _WALK_4_STAGES.format(
         warps=4, times="fwd_h 0.161 -> 0.149 and 0.150 ms (simple_gla 2x8192x8x256, two sweeps; forward 0.371 -> "
-                       "0.360); not at head dim 128 (0.094-0.096 ms at 4x4096x16x128 either way)")),
+                       "0.360); not at head dim 128 (4 stages 0.096 ms at 4x4096x16x128, the plan's 3 stages 0.094 in "
+                       "session 8's profile)")),
     TunedPlan("sm90", "chunk_scalar_gate", "bwd_dh", "bf16", 256, 64, 64, 4, 4, _WALK_4_STAGES.format(
         warps=4, times="bwd_dh 0.164 -> 0.150 ms (simple_gla 2x8192x8x256), 0.158 -> 0.146 (linear_attn); at head "
                        "dim 128 0.098 -> 0.101 (simple_gla 4x4096x16x128), so not there")),
