@@ -45,8 +45,9 @@ from fla_gen.sample import sample_inputs  # noqa: E402
 # chunk and one head instead of BR flat rows.
 PROLOGUE = '''
 @triton.jit
-def _transform_chunk(x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, y_q, y_k, y_g, y_beta,
-                     t0, rows_left, i_h, H, K: tl.constexpr, BT: tl.constexpr, BKF: tl.constexpr):
+def _transform_chunk(x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, cos_t, sin_t, y_q, y_k, y_g, y_beta,
+                     t0, rows_left, i_h, H, K: tl.constexpr, BT: tl.constexpr, BKF: tl.constexpr,
+                     TABLES: tl.constexpr):
     # 16 rows at a time: fwd_wu runs on 2 warps, and a whole [64, 128] fp32 tile would be 128 registers a thread
     for rb in range(0, BT // 16):
         o_i = rb * 16 + tl.arange(0, 16)
@@ -57,7 +58,15 @@ def _transform_chunk(x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, 
         b_pos = tl.load(pos + t0 + o_i, mask=m_t, other=0).to(tl.float32)[:, None]
         t0q = tl.load(x_q + row[:, None] * K + o_K, mask=m, other=0.0).to(tl.float32)
         t1k = tl.load(x_k + row[:, None] * K + o_K, mask=m, other=0.0).to(tl.float32)
-        rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
+        if TABLES:
+            # cos and the signed sin per (token, channel), computed once per call for all heads
+            o_tok = (t0 + o_i).to(tl.int64)[:, None] * K + o_K
+            rc0 = tl.load(cos_t + o_tok, mask=m, other=1.0)
+            rs0 = tl.load(sin_t + o_tok, mask=m, other=0.0)
+            first = o_K < rope0_dim // 2
+            rp0 = tl.where(o_K < rope0_dim, tl.where(first, o_K + rope0_dim // 2, o_K - rope0_dim // 2), o_K)
+        else:
+            rc0, rs0, rp0 = _rope_coefs(o_K, b_pos, rope0_dim, 13.287712379549449, False)
         t4 = t0q * rc0 + rs0 * tl.load(x_q + row[:, None] * K + rp0, mask=m, other=0.0).to(tl.float32)
         t5 = t1k * rc0 + rs0 * tl.load(x_k + row[:, None] * K + rp0, mask=m, other=0.0).to(tl.float32)
         t6 = tl.where(m, t4, 0.0)
@@ -81,14 +90,17 @@ def prologue_kernel():
     prologue called (then a barrier) once the chunk's first token t0 is known."""
     src = inspect.getsource(chunk.gated_delta_rule_rope_fwd_wu_kernel.fn)
     src = src.replace("def gated_delta_rule_rope_fwd_wu_kernel(\n",
-                      "def fwd_wu_prologue_kernel(\n    x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim,\n")
+                      "def fwd_wu_prologue_kernel(\n"
+                      "    x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, cos_t, sin_t,\n")
     anchor = "    t0 = bos + i_tc * BT\n"
     assert src.count(anchor) == 1, "the generated fwd_wu changed: find the line that computes t0"
-    call = ("    _transform_chunk(x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, q, k, g, beta, t0,\n"
-            "                     T_seq - i_tc * BT, i_h, H, K, BT, BKF)\n    tl.debug_barrier()\n")
+    call = ("    _transform_chunk(x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, pos, rope0_dim, cos_t, sin_t,\n"
+            "                     q, k, g, beta, t0, T_seq - i_tc * BT, i_h, H, K, BT, BKF, TABLES)\n"
+            "    tl.debug_barrier()\n")
     src = src.replace(anchor, anchor + call)
-    src = src.replace("    IS_VARLEN: tl.constexpr,\n):", "    IS_VARLEN: tl.constexpr,\n    BKF: tl.constexpr,\n):")
-    assert "BKF: tl.constexpr,\n):" in src
+    src = src.replace("    IS_VARLEN: tl.constexpr,\n):",
+                      "    IS_VARLEN: tl.constexpr,\n    BKF: tl.constexpr,\n    TABLES: tl.constexpr,\n):")
+    assert "TABLES: tl.constexpr,\n):" in src
     rope = inspect.getsource(transforms._rope_coefs.fn)
     return jit_from_source(rope + PROLOGUE + "\n\n" + src, "fwd_wu_prologue_kernel")  # both keep their decorators
 
@@ -115,8 +127,19 @@ def run_shape(shape, args, bench, kernel) -> dict:
         with torch.no_grad():
             return chunk.chunk_fwd(*pre[:2], v, *pre[2:], scale, None, False, None, None, None, plan)[0]
 
-    def variant():
+    def rope_tables(positions, R):
+        """cos and the signed sin per (token, channel) [B * T, K] fp32 for a neox rope of rotary dim R."""
+        o = torch.arange(K, device=q.device)
+        inv = 10000.0 ** (-2.0 * (o % (R // 2)).float() / R)
+        angle = positions.float()[:, None] * inv[None, :]
+        rot = o < R
+        cos = torch.where(rot, torch.cos(angle), 1.0)
+        sin = torch.where(rot, torch.where(o < R // 2, -torch.sin(angle), torch.sin(angle)), 0.0)
+        return cos.contiguous(), sin.contiguous()
+
+    def variant(tables: bool):
         positions, rope_dims = transforms.gated_delta_rule_rope_transform_args(call, 0, None, q.device)
+        cos_t, sin_t = rope_tables(positions, rope_dims[0]) if tables else (None, None)
         y_q, y_k, y_beta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
         y_g = torch.empty_like(g, dtype=torch.float32)
         generated_wu = chunk._chunk_wu
@@ -130,10 +153,10 @@ def run_shape(shape, args, bench, kernel) -> dict:
             Ai = k_.new_empty(B, T, H, BT)
             g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k_.device)
             kernel[(launch.num_chunks(T, BT, None), B * H)](
-                q, k, g, beta, A_log, dt_bias, positions, *rope_dims,
+                q, k, g, beta, A_log, dt_bias, positions, *rope_dims, cos_t, sin_t,
                 q_, k_, v_, g_, g_cum, beta_, None, Ai, w, u, None, None, None, scale_, T,
                 H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_G=True, DV_LOCAL=False, IS_VARLEN=False,
-                BKF=launch.whole_dim_tile(K), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                BKF=launch.whole_dim_tile(K), TABLES=tables, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             return w, u, Ai, None, g_cum
 
         chunk._chunk_wu = chunk_wu
@@ -144,8 +167,9 @@ def run_shape(shape, args, bench, kernel) -> dict:
             chunk._chunk_wu = generated_wu
 
     ref = public()
-    errs = {n: _ops.rel_err(f().float(), ref.float()) for n, f in (("variant", variant), ("op_alone", op_alone))}
-    names = {"public": public, "variant": variant, "op_alone": op_alone}
+    names = {"public": public, "variant": lambda: variant(False), "variant_tables": lambda: variant(True),
+             "op_alone": op_alone}
+    errs = {n: _ops.rel_err(f().float(), ref.float()) for n, f in names.items() if n != "public"}
     times = {n: [] for n in names}
     for r in range(args.rounds):
         for n in (list(names) if r % 2 == 0 else list(names)[::-1]):
@@ -153,8 +177,8 @@ def run_shape(shape, args, bench, kernel) -> dict:
     row = {"shape": _ops.shape_str(shape), **{f"{n}_ms": min(t) for n, t in times.items()},
            **{f"{n}_rounds": t for n, t in times.items()}, **{f"{n}_rel_err": e for n, e in errs.items()}}
     print(f"{row['shape']}: pass + chunk_fwd {row['public_ms']:.4f} ms, prologue in fwd_wu {row['variant_ms']:.4f}, "
-          f"chunk_fwd on transformed inputs {row['op_alone_ms']:.4f}; o rel err vs the op: variant "
-          f"{errs['variant']:.1e}, op alone {errs['op_alone']:.1e}", flush=True)
+          f"the same with rotary tables {row['variant_tables_ms']:.4f}, chunk_fwd on transformed inputs "
+          f"{row['op_alone_ms']:.4f}; o rel err vs the op: {errs}", flush=True)
     return row
 
 
