@@ -370,3 +370,37 @@ def wall(fn, device) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t0
+
+
+def op_step(fn, leaves, call_kwargs: dict, fwd_only: bool):
+    """One call of an op as the profilers repeat it: the forward without autograd (``fwd_only``), or the
+    forward and a backward of ones into the leaves. Returns o. Each call first resets the leaves' .grad:
+    accumulating into it would add one elementwise kernel per input to the profile."""
+    do = None
+
+    def step() -> torch.Tensor:
+        nonlocal do
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                t.grad = None
+        if fwd_only:
+            with torch.no_grad():
+                return fn(*leaves, **call_kwargs)[0]
+        o = fn(*leaves, **call_kwargs)[0]
+        do = torch.ones_like(o) if do is None else do
+        o.backward(do)
+        return o
+
+    return step
+
+
+def interleaved_times(names, measure, rounds: int) -> dict:
+    """``measure(name)`` (ms) for every name, ``rounds`` times, the order reversed every other round: a drift or a
+    slow stretch of the GPU (session 11 saw both) then shows as a spread between rounds rather than landing on
+    one name. Returns {name: [ms per round]}; callers keep the fastest."""
+    names = list(names)
+    times: dict = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            times[n].append(measure(n))
+    return times

@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from _ops import interleaved_times  # noqa: E402
 
 from fla_gen.cli import load_recurrence  # noqa: E402
 from fla_gen.sample import sample_inputs  # noqa: E402
@@ -59,12 +60,8 @@ def main() -> int:
         call()
         moved = 2 * h0.numel() * 4 + sum(t.numel() * t.element_size() for t in args_) + B * H * D * 2
         calls[op] = (call, moved)
-    # every op timed once per round, the rounds in alternating order: a slow stretch of the GPU (seen on the
-    # shared H100: session 11) shows as a spread between rounds instead of as one op's number
-    times: dict[str, list[float]] = {op: [] for op in calls}
-    for r in range(args.rounds):
-        for op in (list(calls) if r % 2 == 0 else list(reversed(calls))):
-            times[op].append(triton.testing.do_bench(calls[op][0], warmup=25, rep=200, return_mode="median"))
+    times = interleaved_times(calls, lambda op: triton.testing.do_bench(calls[op][0], warmup=25, rep=200,
+                                                                       return_mode="median"), args.rounds)
     rows = []
     for op, (_, moved) in calls.items():
         ms = min(times[op])

@@ -106,19 +106,7 @@ def run_worker(args: argparse.Namespace) -> int:
     fn = (_ops.resolve_ours if args.lib == "ours" else _ops.resolve_fla)(op, "chunk")
     _, leaves, kwargs = _ops.make_inputs(op, shape, torch.bfloat16, "cuda", seed=0)
     scale = _ops.scale_for(op, shape[3])
-    do = None
-
-    def step():
-        nonlocal do
-        for t in leaves:
-            t.grad = None
-        if args.fwd_only:
-            with torch.no_grad():
-                return fn(*leaves, scale=scale, **kwargs)[0]
-        o, _ = fn(*leaves, scale=scale, **kwargs)
-        do = torch.ones_like(o) if do is None else do
-        o.backward(do)
-        return o
+    step = _ops.op_step(fn, leaves, {"scale": scale, **kwargs}, args.fwd_only)
 
     for _ in range(2):
         o = step()

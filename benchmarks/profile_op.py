@@ -43,20 +43,7 @@ def main() -> int:
     scale = _ops.scale_for(op, shape[3])
     extra = {} if args.gate_lower_bound is None else {"gate_lower_bound": args.gate_lower_bound}
 
-    do = None
-
-    def step():
-        nonlocal do
-        for t in leaves:  # accumulating into .grad would add one elementwise kernel per input
-            if isinstance(t, torch.Tensor):
-                t.grad = None
-        if args.fwd_only:
-            with torch.no_grad():
-                fn(*leaves, scale=scale, **extra)
-            return
-        o, _ = fn(*leaves, scale=scale, **extra)
-        do = torch.ones_like(o) if do is None else do
-        o.backward(do)
+    step = _ops.op_step(fn, leaves, {"scale": scale, **extra}, args.fwd_only)
 
     for _ in range(2):
         step()

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "experiments")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "experiments")]
 
-from harness import add_run_options, timer, write_record  # noqa: E402
+from _ops import interleaved_times  # noqa: E402
+from harness import add_run_options, timer, warm_up_clocks, write_record  # noqa: E402
 
 import generated.gated_delta_rule_rope.fused_recurrent as fr  # noqa: E402
 from fla_gen.cli import load_recurrence  # noqa: E402
@@ -55,10 +56,8 @@ def measure(B: int, rec, args: argparse.Namespace, bench, dtype: torch.dtype, H:
 
     a_out, b_out = inline(), pass_then_kernel()
     err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(a_out, b_out, strict=True))
-    times = {"inline": [], "pass": []}
-    for r in range(args.rounds):
-        for name in (("inline", "pass") if r % 2 == 0 else ("pass", "inline")):
-            times[name].append(bench(inline if name == "inline" else pass_then_kernel))
+    paths = {"inline": inline, "pass": pass_then_kernel}
+    times = interleaved_times(paths, lambda name: bench(paths[name]), args.rounds)
     moved = 2 * h0.numel() * 4 + sum(t.numel() * t.element_size() for t in (q, k, v, g, beta)) + B * H * D * 2
     row = {"B": B, "rel_err": err, **{f"{n}_ms": min(t) for n, t in times.items()},
            **{f"{n}_rounds": t for n, t in times.items()}, "bytes": moved}
@@ -78,9 +77,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     H, D = (16, 128) if args.device == "cuda" else (2, 32)
     rec = load_recurrence(ROOT / "specs" / "gated_delta_rule_rope.fla")
-    if args.device == "cuda":  # clocks up before the first timing
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        bench(lambda: a @ a)
+    warm_up_clocks(args, bench)
     rows = [measure(int(b), rec, args, bench, dtype, H, D) for b in args.batches.split(",")]
     write_record(args, rows)
     return 0

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "experiments")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "experiments")]
 
-from harness import add_run_options, timer, write_record  # noqa: E402
+from _ops import interleaved_times  # noqa: E402
+from harness import add_run_options, timer, warm_up_clocks, write_record  # noqa: E402
 
 from fla_gen.cli import load_recurrence  # noqa: E402
 from fla_gen.sample import sample_inputs  # noqa: E402
@@ -66,20 +67,19 @@ def main() -> int:
                             for s, c in plan.kernels)
             plans[key] = dataclasses.replace(plan, kernels=kernels)
 
+    def measure(v) -> float:
+        use(*v)
+        return bench(call)
+
     ref = [t.clone() for t in call()]
-    if args.device == "cuda":  # bring the clocks up before the first timing (the first variant read 2x slow)
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        bench(lambda: a @ a)
-    times: dict[tuple[int, int], list[float]] = {v: [] for v in variants}
+    warm_up_clocks(args, bench)
     errs: dict[tuple[int, int], float] = {}
     try:
-        for r in range(args.rounds):  # variants interleaved, alternating order: drift shows as spread
-            for v in (variants if r % 2 == 0 else variants[::-1]):
-                use(*v)
-                out = call()
-                errs[v] = max(float((a.float() - b.float()).norm() / b.float().norm())
-                              for a, b in zip(out, ref, strict=True))
-                times[v].append(bench(call))
+        for v in variants:
+            use(*v)
+            errs[v] = max(float((a.float() - b.float()).norm() / b.float().norm())
+                          for a, b in zip(call(), ref, strict=True))
+        times = interleaved_times(variants, measure, args.rounds)
     finally:
         plans.clear()
         plans.update(original)

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "experiments")]
 
 import _ops  # noqa: E402
-from harness import add_run_options, jit_from_source, timer, write_record  # noqa: E402
+from harness import add_run_options, jit_from_source, timer, warm_up_clocks, write_record  # noqa: E402
 
 import generated.gated_delta_rule_rope.chunk as chunk  # noqa: E402
 import generated.gated_delta_rule_rope.transforms as transforms  # noqa: E402
@@ -217,10 +217,7 @@ def run_shape(shape, args, bench, kernel, walk) -> dict:
     if launch.fused_walk_tile(plan, V, B * H, q.device):  # q is read by the walk only where the walk runs
         names["q_in_walk"] = lambda: variant(True, q_in_walk=True)
     errs = {n: _ops.rel_err(f().float(), ref.float()) for n, f in names.items() if n != "public"}
-    times = {n: [] for n in names}
-    for r in range(args.rounds):
-        for n in (list(names) if r % 2 == 0 else list(names)[::-1]):
-            times[n].append(bench(names[n]))
+    times = _ops.interleaved_times(names, lambda n: bench(names[n]), args.rounds)
     row = {"shape": _ops.shape_str(shape), **{f"{n}_ms": min(t) for n, t in times.items()},
            **{f"{n}_rounds": t for n, t in times.items()}, **{f"{n}_rel_err": e for n, e in errs.items()}}
     print(f"{row['shape']}: pass + chunk_fwd {row['public_ms']:.4f} ms, prologue in fwd_wu {row['variant_ms']:.4f}, "
@@ -239,9 +236,7 @@ def main() -> int:
     bench = timer(args)
     shapes = _ops.parse_shapes(args.shapes) if args.device == "cuda" else [(2, 100, 2, 32, 32)]
     kernel, walk = prologue_kernel(), walk_kernel()
-    if args.device == "cuda":  # clocks up before the first timing
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        bench(lambda: a @ a)
+    warm_up_clocks(args, bench)
     with contextlib.ExitStack() as stack:
         if args.device != "cuda":  # the H100's plans with the walk taken, so the CPU check covers the walk variant
             stack.enter_context(forced_arch("sm90"))
