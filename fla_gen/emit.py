@@ -16,6 +16,7 @@ import jinja2
 
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
+from fla_gen.features import KernelFeatures, RankOne, TokenDecay
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
@@ -178,6 +179,13 @@ def _common_context(rec: Recurrence) -> dict:
     }
 
 
+def kernel_features(rec: Recurrence) -> KernelFeatures:
+    """The feature record the kernel templates switch on."""
+    token = TokenDecay(rec.token_gate.kind) if rec.token_gate else TokenDecay.NONE
+    rank1 = {"gated": RankOne.NONE, "delta": RankOne.DELTA, "general_rank1": RankOne.GENERAL}[rec.family]
+    return KernelFeatures(token, rec.head_gate is not None, rank1)
+
+
 def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str], list[bool]]:
     """The launcher's positional tensors (fixed names), the public expressions passed for them, and
     which of them may be None."""
@@ -213,6 +221,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
+            features=kernel_features(rec),
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
