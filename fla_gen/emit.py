@@ -17,18 +17,18 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
 from fla_gen.features import RankOne
-from fla_gen.ir import Apply, Lit, Node, Ref
-from fla_gen.lower import Lowered, Slot, SlotSource, lower
-from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
+from fla_gen.host_code import render_scalar
+from fla_gen.ir import Apply, Node, Ref
+from fla_gen.lower import Lowered, Slot, SlotSource, lower, render_expr
+from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
-from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
+from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, pass_outputs, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 def _layout_shape(layout: str) -> str:
     return "[" + ", ".join(layout) + "]"
-_MATH_FN = {"exp": "math.exp", "log": "math.log"}
 
 
 @dataclass(frozen=True)
@@ -72,24 +72,6 @@ def per_row_block(*lines: str, start: int = 0) -> str:
         else:
             out.extend(body)
     return "\n".join(out)
-
-
-def render_scalar(n: Node, dim_prefix: str = "") -> str:
-    """Python code for a call-time scalar (numbers, head dims, params): ``K ** -0.5``."""
-    if isinstance(n, Lit):
-        return repr(float(n.value)) if n.value != int(n.value) else str(int(n.value))
-    if isinstance(n, Ref):
-        return f"{dim_prefix}{n.name}" if n.role == "dim" else n.name
-    assert isinstance(n, Apply)
-    r = [render_scalar(a, dim_prefix) for a in n.args]
-    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
-    if n.fn in binary:
-        return f"{r[0]} {binary[n.fn]} {r[1]}" if n.fn == "pow" else f"({r[0]} {binary[n.fn]} {r[1]})"
-    if n.fn == "neg":
-        return f"-{r[0]}"
-    if n.fn in _MATH_FN:
-        return f"{_MATH_FN[n.fn]}({r[0]})"
-    raise ValueError(f"'{n.fn}' cannot be evaluated on the host")
 
 
 def _summary(source: str) -> str:
@@ -191,10 +173,11 @@ def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]
     """The launcher's positional tensors (fixed names), the public expressions passed for them, and
     which of them may be None. A slot the lowering derives is the local ``_<arg>`` (_derived_block)."""
     optional = {i.name for i in lowered.rec.spec.inputs if i.optional}
+    transformed = set(lowered.rec.spec.transformed)
     exprs, may_be_none = [], []
     for s in lowered.slots:
         x = s.input
-        if x is None:
+        if x is None or x in transformed:  # computed by the pass or on the host
             exprs.append(f"_{s.arg}")
         elif x in optional:
             exprs.append(f"None if {x} is None else {x}.contiguous()")
@@ -202,6 +185,12 @@ def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]
             exprs.append(f"{x}.contiguous()")
         may_be_none.append(x in optional)
     return list(lowered.features.kernel_args), exprs, may_be_none
+
+
+def _raw_values(lowered: Lowered) -> list[str]:
+    """The launch values of a kernel that applies the transforms itself (the inlined decode path): every
+    INPUT slot's raw input."""
+    return [f"{s.input}.contiguous()" if s.input else f"_{s.arg}" for s in lowered.slots]
 
 
 def _slot_code(s: Slot, lowered: Lowered) -> str:
@@ -221,12 +210,12 @@ def _slot_code(s: Slot, lowered: Lowered) -> str:
 def _derived_block(lowered: Lowered) -> str:
     """The public op's lines computing the slots the kernels do not read directly (indented 4), after the
     spec's transforms; empty when every slot is an input."""
-    slots = [s for s in lowered.slots if s.source is not SlotSource.INPUT]
+    slots = lowered.host
     if not slots:
         return ""
     first = next(i.name for i in lowered.rec.spec.inputs if i.per_token and not i.optional)
     lines = [f"call_device = {first}.device",
-             "# slots of the normal form that are expressions of the inputs (fla_gen/lower.py)"]
+             "# slots of the normal form that are per-head or call-time expressions (fla_gen/lower.py)"]
     lines += [f"_{s.arg} = {_slot_code(s, lowered)}" for s in slots]
     return "\n".join("    " + ln for ln in lines)
 
@@ -243,11 +232,11 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
     launch_args, launch_values, launch_optional = _kernel_bindings(lowered)
-    transforms = plan_transforms(rec)
+    transforms = plan_transforms(lowered)
     derived_block = _derived_block(lowered)
     inline = None
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
-        inline = inline_transforms(transforms, bind_kernel_inputs(rec))
+        inline = inline_transforms(transforms, lowered)
     transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
     ctx = dict(common)
     ctx.update({
@@ -311,23 +300,21 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
             aliased |= {(a, dtype, hd) for a, hd in same}
     full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
     return {"plans": full, "aliases": aliases}
-def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str:
+def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:
+    rec = lowered.rec
     ctx = dict(common)
-    sizes = {d: next((f"targets[{i}].shape[-1]" for i, (_, s) in enumerate(t.targets) if s == d), "1")
-             for d in ("K", "V")}
     lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
+    lines += [f"{s.arg} = {render_expr(s.expr)}" for s in pass_outputs(lowered) if s.source is SlotSource.DERIVED]
     ctx.update({
         "t": t,
         "transform_lines": lines,
-        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
-                                  + [f"y_{n}" for n, _ in t.targets]),
-        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
-                                  + [f"dy_{n}" for n, _ in t.targets] + [f"dx_{n}" for n, _ in t.targets]
+        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
+                                  + [f"y_{n}" for n, _ in t.outputs]),
+        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
+                                  + [f"dy_{n}" for n, _ in t.outputs] + [f"dx_{n}" for n, _ in t.sources]
                                   + [f"dp_{h}" for h in t.heads]),
-        "all_inputs": [n for n, _ in t.targets] + list(t.heads),
-        "first_target": t.targets[0][0],
-        "k_size": sizes["K"],
-        "v_size": sizes["V"],
+        "all_inputs": [n for n, _ in t.sources] + list(t.heads),
+        "first_source": t.sources[0][0],
         "function_class": "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms",
         "public_op": rec.spec.op,
     })
@@ -341,11 +328,11 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: Inline
     a call without autograd launches that forward directly on the raw inputs."""
     if t is None:
         return "", ""
-    targets = ", ".join(n for n, _ in t.targets)
-    args = ", ".join([n for n, _ in t.targets] + list(t.heads))
+    outputs = ", ".join(f"_{n}" for n, _ in t.outputs)
+    args = ", ".join([n for n, _ in t.sources] + list(t.heads))
     offsets = "seqlen_offsets" if t.ropes else "0"
     rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
-    targets += "," if len(t.targets) == 1 else ""
+    outputs += "," if len(t.outputs) == 1 else ""
     lines = []
     imports = [f"{t.op}_transforms"]
     if inline is not None:
@@ -357,13 +344,13 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: Inline
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
             f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
             f"    plan = select_plan(RECURRENT_PLANS, {key}.device, call.dtype, max(call.K, call.V))",
-            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(lowered)},",
+            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(_raw_values(lowered))}, {_kernel_scale(lowered)},",
             "                                            initial_state, output_final_state, cu_seqlens, plan,",
             f"                                            transform_args=({heads}positions, *rope_dims))",
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
-    lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    lines.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 
@@ -396,9 +383,9 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
              f"pairwise decays; used when the bound is at least the plan's gate_bound)",
              **_plan_rows(plan_table(lowered.features, chunk_algo, bounded=True))})
     pkg = rec.spec.package
-    transforms = plan_transforms(rec)
+    transforms = plan_transforms(lowered)
     extra = () if transforms is None else (
-        GeneratedFile(f"{pkg}/transforms.py", _transforms_module(rec, transforms, common)),)
+        GeneratedFile(f"{pkg}/transforms.py", _transforms_module(lowered, transforms, common)),)
     return extra + (
         GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
         GeneratedFile(f"{pkg}/chunk.py", _op_module(lowered, chunk_algo, common, chunked=True)),
