@@ -202,6 +202,13 @@ def _kernel_scale(rec: Recurrence) -> str:
     return " * ".join(f"float({render_scalar(c, 'call.')})" for c in rec.query.coef)
 
 
+def _bounded_gate(rec: Recurrence) -> str | None:
+    """The per-token log decay a ``gate_lower_bound`` bounds, in the spec's names: the token gate, plus
+    the head gate where both are declared (``g + g_gamma``); None without a decay."""
+    names = [t.input for t in (rec.token_gate, rec.head_gate) if t is not None]
+    return " + ".join(names) or None
+
+
 def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) -> str:
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
@@ -241,8 +248,10 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         ],
         "token_gate": rec.token_gate.kind if rec.token_gate else None,
         "head_gate": rec.head_gate is not None,
-        # the gate input whose lower bound selects BOUNDED_CHUNK_PLANS, or None
-        "bounded_gate": rec.token_gate.input if chunked and algo.bounded_chunk_size and rec.token_gate else None,
+        # the log gate whose lower bound selects BOUNDED_CHUNK_PLANS (the spec's names), or None, and the
+        # launcher tensors the check reads: the per-token gate, then a per-head one added to it
+        "bounded_gate": _bounded_gate(rec) if chunked and algo.bounded_chunk_size else None,
+        "bounded_gate_args": ", ".join([("g" if rec.token_gate else "None")] + (["g_gamma"] if rec.head_gate else [])),
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
         "transform_block": transform_block,

@@ -342,9 +342,10 @@ def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
                             "a per-channel or per-head decay is not supported yet")
         return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
     if rec.family == "general_rank1":
-        if rec.decay_kind == "scalar" or rec.head_gate is not None:
-            raise PlanError("the DPLR kernels take a per-channel log gate exp(g) [B, T, H, K] or none; a per-token "
-                            "scalar or per-head decay is not supported yet (broadcast it to [B, T, H, K])")
+        if rec.decay_kind == "channel" and rec.head_gate is not None:
+            raise PlanError("the DPLR kernels take a per-channel log gate g [B, T, H, K], or a per-token g [B, T, H] "
+                            "and/or a per-head g_gamma [H]; a per-channel gate with a per-head one is not supported "
+                            "yet (fold g_gamma into the per-channel gate)")
         return ALGORITHMS["chunk_dplr"], ALGORITHMS["fused_recurrent_dplr"]
     raise PlanError(f"no kernels for the '{rec.family}' family; supported: gated, delta, general_rank1")
 
