@@ -115,8 +115,8 @@ def test_plan_errors():
     assert bind_kernel_inputs(dplr).names == ("q", "k", "v", "g", "a", "b")
     assert bind_kernel_inputs(dplr).inputs == ("q", "k", "v", "gk", "a", "b")
     scalar_gate = canon("update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)\n", "g", "a", "b")
-    with pytest.raises(PlanError, match="per-channel log gate"):
-        select_algorithms(scalar_gate)
+    assert scalar_gate.decay_kind == "scalar"
+    assert [a.name for a in select_algorithms(scalar_gate)] == ["chunk_dplr", "fused_recurrent_dplr"]
     scaled = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(beta * k, v)\n", "gk", "a", "b", "beta")
     with pytest.raises(PlanError, match="plain inputs"):
         bind_kernel_inputs(scaled)
