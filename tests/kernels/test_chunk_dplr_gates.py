@@ -139,3 +139,14 @@ def test_bound_covers_both_gates(built):
 
 def test_fused_recurrent_both_gates(built):
     _check(built, "both", dims=(1, 20, 2, 16, 16), seed=8, mode="fused_recurrent")
+
+
+def test_gate_layouts_are_checked(built):
+    """A per-channel g, or a g_gamma of the wrong head count, is refused before any kernel, naming it."""
+    rec, pkg = built["both"]
+    op = getattr(pkg, f"chunk_{rec.spec.op}")
+    x = _inputs(rec, (1, 20, 2, 16, 16), torch.float32, 9)
+    with pytest.raises(ValueError, match=r"g must be \[B, T, H\] \(3 dims\)"):
+        op(**{**x, "g": torch.zeros(1, 20, 2, 16)})
+    with pytest.raises(ValueError, match=r"g_gamma has H = 3"):
+        op(**{**x, "g_gamma": torch.zeros(3)})
