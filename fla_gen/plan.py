@@ -436,7 +436,7 @@ def _row_gate(rec: Recurrence) -> bool:
 def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
-    if rec.family == "general_rank1" and _row_gate(rec):
+    if _row_gate(rec):
         return 16, ("16-token chunks (the per-channel gate's, not measured for this path): with one log gate per "
                     "token the pairwise decays exp(G_t - G_s) are a [16, 16] tile that scales tensor-core dots x y^T, "
                     "safe for any gate")
