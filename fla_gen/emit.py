@@ -226,6 +226,13 @@ def _kernel_scale(lowered: Lowered) -> str:
     return " * ".join(f"float({render_scalar(c, 'call.')})" for c in lowered.scale)
 
 
+def _bounded_gate(lowered: Lowered) -> str | None:
+    """The per-token log decay a ``gate_lower_bound`` bounds, in the spec's names: the token gate, plus
+    the head gate where both are declared (``g + g_gamma``); None without a decay."""
+    names = [(s.input or render_expr(s.expr)) for s in lowered.slots if s.arg in ("g", "g_gamma")]
+    return " + ".join(names) or None
+
+
 def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -> str:
     rec = lowered.rec
     features = lowered.features
@@ -267,9 +274,11 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         ],
         "token_gate": features.token_gate,
         "head_gate": features.head_decay,
-        # the gate whose lower bound selects BOUNDED_CHUNK_PLANS, or None
-        "bounded_gate": (lowered.slot("g").input or "g") if chunked and algo.bounded_chunk_size
-        and features.token_gate else None,
+        # the log gate whose lower bound selects BOUNDED_CHUNK_PLANS (the spec's names), or None, and the
+        # launcher tensors the check reads: the per-token gate, then a per-head one added to it
+        "bounded_gate": _bounded_gate(lowered) if chunked and algo.bounded_chunk_size else None,
+        "bounded_gate_args": ", ".join([("g" if features.token_gate else "None")]
+                                       + (["g_gamma"] if features.head_decay else [])),
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
         "transform_block": transform_block,

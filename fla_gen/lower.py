@@ -106,8 +106,8 @@ CHUNK_DECAYS: dict[tuple[RankOne, bool], frozenset[TokenDecay]] = {
     (RankOne.NONE, True): frozenset(TokenDecay),
     (RankOne.DELTA, False): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),
     (RankOne.DELTA, True): frozenset(),
-    (RankOne.GENERAL, False): frozenset({TokenDecay.NONE, TokenDecay.CHANNEL}),
-    (RankOne.GENERAL, True): frozenset(),
+    (RankOne.GENERAL, False): frozenset(TokenDecay),
+    (RankOne.GENERAL, True): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),
 }
 
 
@@ -317,15 +317,14 @@ def lower(rec: Recurrence) -> Lowered:
                      f"with a = D k and b = -beta k")
         rank1 = RankOne.GENERAL
         vectors = {"k": _vector(x), "v": _vector(y), "a": _vector(rec.low_rank.w), "b": _vector(rec.low_rank.u)}
-    supported = CHUNK_DECAYS[(rank1, head)]
     scalar_terms, channel_terms, head_terms = list(decay.scalar), list(decay.channel), list(decay.head)
-    if head and not supported:
-        notes.append(f"the per-head decay is folded into a per-token gate: the {rank1.value} chunk kernels "
-                     f"take no per-head decay")
+    if head and token not in CHUNK_DECAYS[(rank1, True)]:
+        notes.append(f"the per-head decay is folded into the per-token gate: the {rank1.value} chunk kernels take "
+                     f"no per-head decay with a {token.value} one")
         scalar_terms += head_terms
         head_terms, head = [], False
         token = TokenDecay.CHANNEL if channel_terms else TokenDecay.SCALAR
-        supported = CHUNK_DECAYS[(rank1, False)]
+    supported = CHUNK_DECAYS[(rank1, head)]
     if token is TokenDecay.SCALAR and token not in supported:
         notes.append(f"the per-token decay is broadcast over the key channels: the {rank1.value} chunk kernels "
                      f"take a per-channel decay or none")

@@ -114,7 +114,9 @@ def test_plan_errors():
     assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent_dplr"]
     assert bind_kernel_inputs(dplr).names == ("q", "k", "v", "g", "a", "b")
     assert bind_kernel_inputs(dplr).inputs == ("q", "k", "v", "gk", "a", "b")
-    # a scalar factor on a vector is no longer a refusal: the lowering derives that slot
+    scalar_gate = canon("update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)\n", "g", "a", "b")
+    assert scalar_gate.decay_kind == "scalar"
+    assert [a.name for a in select_algorithms(scalar_gate)] == ["chunk_dplr", "fused_recurrent_dplr"]
     scaled = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(beta * k, v)\n", "gk", "a", "b", "beta")
     assert bind_kernel_inputs(scaled).inputs == ("q", None, "v", "gk", "a", "b")
 
