@@ -25,7 +25,6 @@ per-token scalar into per-channel), as a derived gate: what the kernels take is 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -352,13 +351,6 @@ def lower(rec: Recurrence) -> Lowered:
             expr = vectors[arg]
             dims = "" if arg == "beta" else ("V" if arg == "v" else "K")
             slots.append(_slot(arg, expr, dims))
-    for s in slots:
-        if s.source is SlotSource.DERIVED:
-            notes.append(f"{s.arg} = {render_expr(s.expr)}: derived by the generated pass "
-                         f"({'[B, T, H' + (', ' + s.dims if s.dims else '') + ']'}, "
-                         f"{'float32' if s.fp32 else 'the inputs dtype'})")
-        elif s.source is SlotSource.HOST:
-            notes.append(f"{s.arg} = {render_expr(s.expr)}: computed on the host (per head or per call)")
     return Lowered(rec, features, tuple(slots), scale, tuple(notes))
 
 
@@ -381,6 +373,30 @@ def render_expr(n: Node) -> str:
     return f"{n.fn}({', '.join(a)})"
 
 
-def count_derived_bytes(lowered: Lowered) -> Counter:
-    """Elements per token and head that the derived slots add, by layout letter ("", "K", "V")."""
-    return Counter(s.dims for s in lowered.derived)
+def explain(lowered: Lowered, key_size: int, value_size: int, element_bytes: int) -> list[str]:
+    """Lines for ``fla-gen plan``: the kernel features, where each kernel argument comes from, and the
+    bytes per token and head that the derived tensors add to a forward (written by the pass, read by the
+    kernels; the backward moves as many again through their gradients)."""
+    f = lowered.features
+    decay = f.token_decay.value + (" + per head" if f.head_decay else "")
+    lines = [f"features: decay {decay}; rank-1 {f.rank1.value}; {f.family.value} chunk kernels"
+             + ("; grouped value heads" if f.grouped else "")]
+    transformed = set(lowered.rec.spec.transformed)
+    extra = 0
+    for s in lowered.slots:
+        if s.source is SlotSource.INPUT:
+            where = f"input {s.input}" + (", transformed by the pass" if s.input in transformed else "")
+        elif s.source is SlotSource.DERIVED:
+            size = {"K": key_size, "V": value_size, "": 1}[s.dims]
+            nbytes = 2 * size * (4 if s.fp32 else element_bytes)
+            extra += nbytes
+            where = f"derived by the pass: {render_expr(s.expr)} (+{nbytes} B per token and head)"
+        else:
+            where = f"computed on the host: {render_expr(s.expr)}"
+        lines.append(f"  {s.arg:<8} {where}")
+    if lowered.scale:
+        lines.append(f"  scale    x {' * '.join(render_expr(c) for c in lowered.scale)}")
+    if extra:
+        lines.append(f"derived tensors: +{extra} B per token and head in the forward")
+    lines += [f"note: {n}" for n in lowered.notes]
+    return lines
