@@ -15,8 +15,7 @@ from pathlib import Path
 import jinja2
 
 from fla_gen import __version__
-from fla_gen.canonical import Recurrence
-from fla_gen.features import RankOne
+from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, lower, render_expr
@@ -106,9 +105,9 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     roles = {rec.query.input: "queries", rec.write[0].input: "keys", rec.write[1].input: "values"}
     for t in rec.decay:
         roles[t.input] = {
-            "scalar": "log-space decay per token (decay = exp(g))",
-            "channel": "log-space decay per token and key channel (decay = exp(g))",
-            "head": "log-space decay per head, constant over time",
+            GateKind.SCALAR: "log-space decay per token (decay = exp(g))",
+            GateKind.CHANNEL: "log-space decay per token and key channel (decay = exp(g))",
+            GateKind.HEAD: "log-space decay per head, constant over time",
         }[t.kind]
     transforms = [t for t in rec.spec.transforms if name in t.targets]
     reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
@@ -127,9 +126,6 @@ def _reads(n: Node, name: str) -> bool:
     if isinstance(n, Ref):
         return n.name == name
     return isinstance(n, Apply) and any(_reads(a, name) for a in n.args)
-
-
-_FAMILY_NAMES = {RankOne.NONE: "gated", RankOne.DELTA: "delta", RankOne.GENERAL: "general_rank1"}
 
 
 def _common_context(lowered: Lowered) -> dict:
@@ -165,7 +161,7 @@ def _common_context(lowered: Lowered) -> dict:
         "key_input": key_input,
         "value_input": value_input,
         "state": spec.state_name,
-        "family": _FAMILY_NAMES[lowered.features.rank1],
+        "family": lowered.features.rank1.name,
     }
 
 
