@@ -17,16 +17,25 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
 from fla_gen.features import KernelFeatures, RankOne, TokenDecay
-from fla_gen.ir import Apply, Lit, Node, Ref
+from fla_gen.ir import Apply, Heads, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+# Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
+# q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
+# every H-head input to HV heads and runs the op ungrouped.
+GROUPING_TEMPLATES: frozenset[str] = frozenset()
+# Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
+_LETTER_NAMES = {"G": "HV"}
+
 
 def _layout_shape(layout: str) -> str:
-    return "[" + ", ".join(layout) + "]"
+    return "[" + ", ".join(_LETTER_NAMES.get(c, c) for c in layout) + "]"
+
+
 _MATH_FN = {"exp": "math.exp", "log": "math.log"}
 
 
@@ -134,6 +143,8 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     elif reads:
         roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
     doc = f"{shape} {roles.get(name, 'input')}"
+    if rec.spec.grouped and rec.spec.input(name).heads is Heads.H:
+        doc += "; each of its H heads serves HV / H consecutive value heads"
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
@@ -149,8 +160,10 @@ def _common_context(rec: Recurrence) -> dict:
     spec = rec.spec
     args = []
     for i in spec.inputs:
-        layout = ("BTH" if i.per_token else "H") + {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
-        dim_names = {"K": spec.key_dim, "V": spec.value_dim}
+        heads = "G" if i.heads is Heads.HV else "H"
+        vec = {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
+        layout = ("BT" + heads if i.per_token else heads) + vec
+        dim_names = {"K": spec.key_dim, "V": spec.value_dim, **_LETTER_NAMES}
         args.append({
             "name": i.name,
             "layout": layout,
@@ -161,6 +174,8 @@ def _common_context(rec: Recurrence) -> dict:
             "doc": _arg_doc(rec, i.name, layout),
             "role": _arg_role(rec, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
+            # In a grouped spec: the dim along which an H-head input repeats to HV heads, else None.
+            "group_dim": (2 if i.per_token else 0) if spec.grouped and i.heads is Heads.H else None,
         })
     return {
         "version": __version__,
@@ -176,14 +191,23 @@ def _common_context(rec: Recurrence) -> dict:
         "value_input": rec.write[1].input,
         "state": spec.state_name,
         "family": rec.family,
+        "grouped": spec.grouped,
+        # the state's and the output's heads, for docstrings
+        "state_heads": "HV" if spec.grouped else "H",
     }
 
 
-def kernel_features(rec: Recurrence) -> KernelFeatures:
-    """The feature record the kernel templates switch on."""
+def kernel_features(rec: Recurrence, grouped: bool = False) -> KernelFeatures:
+    """The feature record the kernel templates switch on; ``grouped``: the kernels group value heads."""
     token = TokenDecay(rec.token_gate.kind) if rec.token_gate else TokenDecay.NONE
     rank1 = {"gated": RankOne.NONE, "delta": RankOne.DELTA, "general_rank1": RankOne.GENERAL}[rec.family]
-    return KernelFeatures(token, rec.head_gate is not None, rank1)
+    return KernelFeatures(token, rec.head_gate is not None, rank1, grouped)
+
+
+def kernel_groups_heads(rec: Recurrence, algo: Algorithm) -> bool:
+    """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
+    whose template is in GROUPING_TEMPLATES. Otherwise a grouped op repeats its H-head inputs on the host."""
+    return rec.spec.grouped and algo.template in GROUPING_TEMPLATES
 
 
 def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str], list[bool]]:
@@ -211,6 +235,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
     if not chunked:  # the fused recurrent forwards load whole K rows per token: they can inline
         inline = inline_transforms(transforms, bind_kernel_inputs(rec))
     transform_block, transform_imports = _transform_block(rec, transforms, inline, launch_values)
+    groups_heads = kernel_groups_heads(rec, algo)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -221,7 +246,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
-            features=kernel_features(rec),
+            features=kernel_features(rec, groups_heads),
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
@@ -248,6 +273,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "transform_block": transform_block,
         "transform_imports": transform_imports,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
+        "kernel_groups_heads": groups_heads,
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 

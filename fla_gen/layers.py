@@ -67,6 +67,11 @@ class OpPair:
                             f"(it needs chunk_*, fused_recurrent_*, INPUTS and FAMILY): {e!r}") from None
 
 
+def _ungrouped(layout: str) -> str:
+    """An input's layout with the value heads (G, HV) read as heads H: a layer runs HV = H heads."""
+    return layout.replace("G", "H")
+
+
 def _causal_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None,
                  cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal convolution of each sequence, continuing from ``cache``.
@@ -146,6 +151,7 @@ class RecurrentLayer(nn.Module):
         self.head_params = nn.ParameterDict()
         conv_channels = 0
         for name, layout, role, _ in self.ops.inputs:
+            layout = _ungrouped(layout)
             if layout.startswith("BTH"):
                 biased = role in ("gate", "other", "rank1_write")
                 self.proj[name] = nn.Linear(hidden_size, self.H * width[layout[3:]], bias=biased)
@@ -194,6 +200,7 @@ class RecurrentLayer(nn.Module):
         H = self.H
         values, conv_in = {}, []
         for name, layout, role, _ in self.ops.inputs:
+            layout = _ungrouped(layout)
             if not layout.startswith("BTH"):
                 continue
             p = self.proj[name](x)
