@@ -154,6 +154,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (PlanError, ValueError) as e:
         print(f"{args.spec}: error: {e}", file=sys.stderr)
         return EXIT_SPEC_ERROR
+    heads = args.shape[2]
+    HV = heads if args.value_heads is None else args.value_heads
+    if HV != heads:
+        why = ("the spec declares no input on HV" if not rec.spec.grouped
+               else "" if heads >= 1 and HV >= 1 and HV % heads == 0 else f"not a positive multiple of H = {heads}")
+        if why:
+            print(f"fla-gen run: --value-heads {HV}: {why}", file=sys.stderr)
+            return EXIT_USAGE
     out_dir = Path(args.output) if args.output else REPO_ROOT / "generated"
     write_files(files, out_dir)
     pkg = _import_package(out_dir, rec.spec.package)
@@ -164,11 +172,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     dtype_name = args.dtype or ("bf16" if on_gpu else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     B, T, H, K, V = args.shape
-    HV = args.value_heads or H
-    if HV % H or not rec.spec.grouped and HV != H:
-        why = "the spec declares no input on HV" if not rec.spec.grouped else f"not a multiple of H = {H}"
-        print(f"fla-gen run: --value-heads {HV}: {why}", file=sys.stderr)
-        return EXIT_USAGE
     where = "GPU" if on_gpu else "CPU, Triton interpreter"
     print(f"{rec.spec.op}: B={B} T={T} H={H}{f' HV={HV}' if HV != H else ''} K={K} V={V} {args.dtype or dtype} on "
           f"{device} ({where}); "
