@@ -206,8 +206,13 @@ def kernel_features(rec: Recurrence, grouped: bool = False) -> KernelFeatures:
 
 def kernel_groups_heads(rec: Recurrence, algo: Algorithm) -> bool:
     """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
-    whose template is in GROUPING_TEMPLATES. Otherwise a grouped op repeats its H-head inputs on the host."""
-    return rec.spec.grouped and algo.template in GROUPING_TEMPLATES
+    whose template is in GROUPING_TEMPLATES. Otherwise a grouped op repeats its H-head inputs on the host.
+
+    The transform pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its
+    targets, so a spec that transforms inputs on both H and HV keeps the host-side repeat."""
+    if not rec.spec.grouped or algo.template not in GROUPING_TEMPLATES:
+        return False
+    return len({rec.spec.input(name).heads for name in rec.spec.transformed}) <= 1
 
 
 def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str], list[bool]]:

@@ -146,3 +146,18 @@ def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
     files = {f.path: f.text for f in emit.emit_package(rec)}
     assert "repeat_interleave" not in files["t/chunk.py"]
     assert "if call.HV != call.H:" in files["t/fused_recurrent.py"]
+
+
+def test_transforms_over_both_kinds_of_heads_keep_the_host_fallback(monkeypatch):
+    """The transform pass walks one set of rows for all its targets: q on H and beta on HV cannot share it."""
+    import fla_gen.emit as emit
+
+    source = GROUPED.replace("param scale = K ** -0.5\n",
+                             "param scale = K ** -0.5\ntransform q = l2norm(q)\ntransform beta = sigmoid(beta)\n")
+    rec = canonicalize(checked(source))
+    chunk_algo, _ = select_algorithms(rec)
+    monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
+    assert not emit.kernel_groups_heads(rec, chunk_algo)
+    only_hv = canonicalize(checked(GROUPED.replace("param scale = K ** -0.5\n",
+                                                   "param scale = K ** -0.5\ntransform beta = sigmoid(beta)\n")))
+    assert emit.kernel_groups_heads(only_hv, chunk_algo)
