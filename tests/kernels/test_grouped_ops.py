@@ -43,14 +43,15 @@ def _gdn_case(mode: str, B: int, T: int, cu_seqlens: list[int] | None, seed: int
                                   cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-def test_gated_delta_rule_grouped(mode):
-    _check(_gdn_case(mode, 2, 37, None, seed=11))
+# The chunked op gets sequences over one 64-token chunk, so states cross chunk boundaries.
+@pytest.mark.parametrize(("mode", "T"), [("chunk", 70), ("fused_recurrent", 24)])
+def test_gated_delta_rule_grouped(mode, T):
+    _check(_gdn_case(mode, 2, T, None, seed=11))
 
 
-@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-def test_gated_delta_rule_grouped_varlen(mode):
-    _check(_gdn_case(mode, 1, 45, [0, 13, 13, 45], seed=12))
+@pytest.mark.parametrize(("mode", "cu_seqlens"), [("chunk", [0, 13, 13, 84]), ("fused_recurrent", [0, 7, 7, 26])])
+def test_gated_delta_rule_grouped_varlen(mode, cu_seqlens):
+    _check(_gdn_case(mode, 1, cu_seqlens[-1], cu_seqlens, seed=12))
 
 
 def test_grouped_spec_with_hv_equal_h_runs_ungrouped():
