@@ -16,7 +16,10 @@ hidden states ``x`` [B, T, D] that fits its layout and role:
   per-channel gate is -e^-0.5 sigmoid(W x) (decays in (0.545, 1)), which lets the chunked op take its
   bounded-gate plan (gate_lower_bound).
 
-The output o [B, T, H, V] is RMS-normalized per head, gated by ``silu(W_g x)`` and projected back
+Inputs on value heads ([B, T, HV, ...], a grouped package such as ``generated.gated_delta_rule``) get
+HV = ``num_value_heads`` heads (default H); so do the state and the output.
+
+The output o [B, T, HV, V] is RMS-normalized per head, gated by ``silu(W_g x)`` and projected back
 to D. ``forward`` runs ``chunk_<op>`` for prefill and training and ``fused_recurrent_<op>`` for
 short continuations (decoding), carrying the recurrent state and the convolution's last inputs.
 """
@@ -67,9 +70,9 @@ class OpPair:
                             f"(it needs chunk_*, fused_recurrent_*, INPUTS and FAMILY): {e!r}") from None
 
 
-def _ungrouped(layout: str) -> str:
-    """An input's layout with the value heads (G, HV) read as heads H: a layer runs HV = H heads."""
-    return layout.replace("G", "H")
+def _heads(layout: str) -> str:
+    """"H" for an input on the query/key heads, "G" for one on the value heads (fla_gen.runtime.validate)."""
+    return "G" if "G" in layout else "H"
 
 
 def _causal_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None,
@@ -125,7 +128,9 @@ class RecurrentLayer(nn.Module):
     Args:
         ops: a generated package (``generated.gla``) or an :class:`OpPair`.
         hidden_size: D, the model width.
-        num_heads: H.
+        num_heads: H, the query/key heads.
+        num_value_heads: HV, the value heads of a grouped package (inputs declared on HV), a multiple of
+            H; defaults to H.
         head_k_dim, head_v_dim: K and V (V defaults to K).
         conv_size: W, the short convolution's width over time on q, k, v (0: none).
         gate_normalizer: divides logsigmoid(W x) for per-token gates (GLA uses 16).
@@ -137,7 +142,7 @@ class RecurrentLayer(nn.Module):
 
     def __init__(self, ops: ModuleType | OpPair, hidden_size: int, num_heads: int, head_k_dim: int,
                  head_v_dim: int | None = None, conv_size: int = 4, gate_normalizer: float = 16.0,
-                 decode_max_tokens: int = 64) -> None:
+                 decode_max_tokens: int = 64, num_value_heads: int | None = None) -> None:
         super().__init__()
         self.ops = ops if isinstance(ops, OpPair) else OpPair.from_package(ops)
         if self.family is not None and self.ops.family != self.family:
@@ -145,21 +150,30 @@ class RecurrentLayer(nn.Module):
             raise TypeError(f"{type(self).__name__} needs an op of the {self.family} family, got one of the "
                             f"{self.ops.family} family; use {other}")
         self.H, self.K, self.V = num_heads, head_k_dim, head_v_dim or head_k_dim
+        self.HV = num_heads if num_value_heads is None else num_value_heads
+        grouped = any(_heads(layout) == "G" for _, layout, _, _ in self.ops.inputs)
+        if self.HV != self.H and not grouped:
+            raise ValueError(f"{type(self).__name__}: num_value_heads={self.HV} but the op declares no input on "
+                             f"value heads HV; its state and output have num_heads={self.H} heads")
+        if self.HV < 1 or self.HV % self.H:
+            raise ValueError(f"{type(self).__name__}: num_value_heads={self.HV} is not a positive multiple of "
+                             f"num_heads={self.H}")
+        heads_of = {"H": self.H, "G": self.HV}
         self.conv_size, self.gate_normalizer, self.decode_max_tokens = conv_size, gate_normalizer, decode_max_tokens
         width = {"K": self.K, "V": self.V, "": 1}
         self.proj = nn.ModuleDict()
         self.head_params = nn.ParameterDict()
         conv_channels = 0
         for name, layout, role, _ in self.ops.inputs:
-            layout = _ungrouped(layout)
-            if layout.startswith("BTH"):
+            heads = heads_of[_heads(layout)]
+            if layout.startswith("BT"):
                 biased = role in ("gate", "other", "rank1_write")
-                self.proj[name] = nn.Linear(hidden_size, self.H * width[layout[3:]], bias=biased)
+                self.proj[name] = nn.Linear(hidden_size, heads * width[layout[3:]], bias=biased)
                 if role in ("query", "key", "value"):
-                    conv_channels += self.H * width[layout[3:]]
-            elif layout == "H" and role == "gate":
+                    conv_channels += heads * width[layout[3:]]
+            elif len(layout) == 1 and role == "gate":
                 # Stored as p with log decay -softplus(p) < 0, initialised to retention's log(1 - 2^(-5-h)).
-                h = torch.arange(self.H, dtype=torch.float32)
+                h = torch.arange(heads, dtype=torch.float32)
                 neg_log_decay = -torch.log1p(-(2.0 ** (-5.0 - h)))
                 self.head_params[name] = nn.Parameter(torch.log(torch.expm1(neg_log_decay)))
             else:
@@ -167,9 +181,9 @@ class RecurrentLayer(nn.Module):
         self.conv = nn.Parameter(torch.zeros(conv_channels, conv_size)) if conv_size > 0 else None
         if self.conv is not None:
             nn.init.uniform_(self.conv, -1 / math.sqrt(conv_size), 1 / math.sqrt(conv_size))
-        self.out_gate = nn.Linear(hidden_size, self.H * self.V, bias=False)
+        self.out_gate = nn.Linear(hidden_size, self.HV * self.V, bias=False)
         self.norm = nn.RMSNorm(self.V, eps=1e-5)
-        self.out = nn.Linear(self.H * self.V, hidden_size, bias=False)
+        self.out = nn.Linear(self.HV * self.V, hidden_size, bias=False)
 
     def _mix(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The family's feature map on the projected q, k [B, T, H, K] (after SiLU)."""
@@ -197,14 +211,14 @@ class RecurrentLayer(nn.Module):
             y: [B, T, D]; the new LayerState, or None without use_cache.
         """
         B, T, _ = x.shape
-        H = self.H
+        heads_of = {"H": self.H, "G": self.HV}
         values, conv_in = {}, []
         for name, layout, role, _ in self.ops.inputs:
-            layout = _ungrouped(layout)
-            if not layout.startswith("BTH"):
+            if not layout.startswith("BT"):
                 continue
             p = self.proj[name](x)
-            shape = (B, T, H) if layout == "BTH" else (B, T, H, -1)
+            heads = heads_of[_heads(layout)]
+            shape = (B, T, heads) if len(layout) == 3 else (B, T, heads, -1)
             if role in ("query", "key", "value"):
                 conv_in.append((name, p))
             elif role == "gate":
@@ -219,8 +233,9 @@ class RecurrentLayer(nn.Module):
             mixed, conv_state = _causal_conv(mixed, self.conv, None if past_state is None else past_state.conv,
                                              cu_seqlens)
         mixed = F.silu(mixed)
+        layouts = {n: layout for n, layout, _, _ in self.ops.inputs}
         for (name, _), part in zip(conv_in, mixed.split([p.shape[-1] for _, p in conv_in], -1), strict=True):
-            values[name] = part.reshape(B, T, H, -1)
+            values[name] = part.reshape(B, T, heads_of[_heads(layouts[name])], -1)
         for name, param in self.head_params.items():
             values[name] = -F.softplus(param)
         names = [n for n, *_ in self.ops.inputs]
@@ -234,8 +249,8 @@ class RecurrentLayer(nn.Module):
         h0 = None if past_state is None else past_state.recurrent
         o, recurrent = op(*[values[n] for n in names], initial_state=h0, output_final_state=use_cache,
                           cu_seqlens=cu_seqlens, **({} if decode else self._chunk_options()))
-        o = self.norm(o) * F.silu(self.out_gate(x)).reshape(B, T, H, self.V)
-        y = self.out(o.reshape(B, T, H * self.V))
+        o = self.norm(o) * F.silu(self.out_gate(x)).reshape(B, T, self.HV, self.V)
+        y = self.out(o.reshape(B, T, self.HV * self.V))
         return y, (LayerState(recurrent, conv_state) if use_cache else None)
 
 
