@@ -18,7 +18,7 @@ from fla_gen import __version__
 from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Heads, Node, Ref
-from fla_gen.lower import Lowered, Slot, SlotSource, lower, render_expr
+from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
 from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
@@ -181,15 +181,27 @@ def _common_context(lowered: Lowered) -> dict:
     }
 
 
-def kernel_groups_heads(rec: Recurrence, algo: Algorithm) -> bool:
-    """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
-    whose template is in GROUPING_TEMPLATES. Otherwise a grouped op repeats its H-head inputs on the host.
+# Kernel arguments read at the query/key head of each value head when the kernels group heads.
+_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
 
-    The transform pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its
-    targets, so a spec that transforms inputs on both H and HV keeps the host-side repeat."""
-    if not rec.spec.grouped or algo.template not in GROUPING_TEMPLATES:
+
+def kernel_groups_heads(lowered: Lowered, algo: Algorithm) -> bool:
+    """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
+    whose template is in GROUPING_TEMPLATES, whose key-side arguments (q, k, a, b) read only H-head inputs
+    and whose other arguments read only HV-head inputs. Otherwise a grouped op repeats its H-head inputs on
+    the host.
+
+    The pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its sources, so
+    a pass that reads inputs on both H and HV keeps the host-side repeat too."""
+    spec = lowered.rec.spec
+    if not spec.grouped or algo.template not in GROUPING_TEMPLATES:
         return False
-    return len({rec.spec.input(name).heads for name in rec.spec.transformed}) <= 1
+    for s in lowered.slots:
+        heads = {spec.input(n).heads for n in inputs_read(s.expr)}
+        if heads - {Heads.H if s.arg in _KEY_SIDE_ARGS else Heads.HV}:
+            return False
+    sources = set(spec.transformed) | {n for s in pass_outputs(lowered) for n in inputs_read(s.expr)}
+    return len({spec.input(n).heads for n in sources if spec.input(n).per_token}) <= 1
 
 
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
@@ -268,7 +280,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered)
     transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
-    groups_heads = kernel_groups_heads(rec, algo)
+    groups_heads = kernel_groups_heads(lowered, algo)
     ctx = dict(common)
     ctx.update({
         "public_name": public,

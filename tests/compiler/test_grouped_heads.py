@@ -10,6 +10,7 @@ from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.errors import SpecError
 from fla_gen.ir import Heads
+from fla_gen.lower import lower
 from fla_gen.parse import parse_spec
 from fla_gen.plan import select_algorithms
 
@@ -140,9 +141,9 @@ def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
 
     rec = canonicalize(checked(GROUPED))
     chunk_algo, _ = select_algorithms(rec)
-    assert not emit.kernel_groups_heads(rec, chunk_algo)
+    assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
     monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
-    assert emit.kernel_groups_heads(rec, chunk_algo)
+    assert emit.kernel_groups_heads(lower(rec), chunk_algo)
     files = {f.path: f.text for f in emit.emit_package(rec)}
     assert "repeat_interleave" not in files["t/chunk.py"]
     assert "if call.HV != call.H:" in files["t/fused_recurrent.py"]
@@ -157,7 +158,7 @@ def test_transforms_over_both_kinds_of_heads_keep_the_host_fallback(monkeypatch)
     rec = canonicalize(checked(source))
     chunk_algo, _ = select_algorithms(rec)
     monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
-    assert not emit.kernel_groups_heads(rec, chunk_algo)
+    assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
     only_hv = canonicalize(checked(GROUPED.replace("param scale = K ** -0.5\n",
                                                    "param scale = K ** -0.5\ntransform beta = sigmoid(beta)\n")))
-    assert emit.kernel_groups_heads(only_hv, chunk_algo)
+    assert emit.kernel_groups_heads(lower(only_hv), chunk_algo)
