@@ -19,10 +19,11 @@ from fla_gen.canonical import Recurrence
 from fla_gen.ir import Apply, Lit, Node, Ref
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import derive_reference
+from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = data_dir("templates")
 
 def _layout_shape(layout: str) -> str:
     return "[" + ", ".join(layout) + "]"
@@ -243,6 +244,9 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "transform_imports": transform_imports,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
+    # host scalars with exp or log (param defaults, the output's scale) call math.*
+    ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], transform_block,
+                                                          *(p["default_code"] for p in ctx["params"])))
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
 
@@ -337,6 +341,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "transforms": ref.transforms,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
+    ref_ctx["needs_math"] = any("math." in code for code in (*(p["default"] for p in ref_ctx["params"]),
+                                                              *ref.transforms))
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",

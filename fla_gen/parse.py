@@ -11,8 +11,9 @@ from lark import Lark, Token
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecError, SpecErrorFactory, UsageError
+from fla_gen.resources import data_dir
 
-GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammars" / "fla.lark"
+GRAMMAR_PATH = data_dir("grammars") / "fla.lark"
 
 # How the grammar's terminal names read to a user in "expected ..." messages.
 _TERMINAL_WORDS = {

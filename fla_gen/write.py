@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import difflib
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,17 +23,58 @@ class FileDiff:
     diff: str
 
 
+def _write_file(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
 def write_files(files: tuple[GeneratedFile, ...], out_dir: Path) -> list[str]:
-    """Write files under ``out_dir``; returns the paths whose content changed."""
+    """Write one package's files under ``out_dir`` (``<package>/...``) and the root ``__init__.py``; returns
+    the paths whose content changed.
+
+    The package is written atomically: into a temporary directory beside it, then renamed into place, so a
+    failure part way (a full disk, an interrupt) leaves the previous package as it was, never a mix of new and
+    stale files. Files of the old package that the new one no longer has go with it.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written (the old package is kept).
+    """
+    packages = {f.path.split("/", 1)[0] for f in files}
+    if len(packages) != 1 or any("/" not in f.path for f in files):
+        raise ValueError(f"write_files takes the files of one package, got {sorted(packages)}")
+    (package,) = packages
+    out_dir.mkdir(parents=True, exist_ok=True)
     changed = []
-    for f in (GeneratedFile("__init__.py", PACKAGE_INIT), *files):
-        target = out_dir / f.path
-        if target.exists() and target.read_text() == f.text:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(f.text)
-        changed.append(str(target))
-    return changed
+    root_init = out_dir / "__init__.py"
+    if not root_init.is_file() or root_init.read_text() != PACKAGE_INIT:
+        _write_file(root_init, PACKAGE_INIT)
+        changed.append(str(root_init))
+    target = out_dir / package
+    old = {p.relative_to(out_dir).as_posix(): p for p in target.rglob("*.py")} if target.is_dir() else {}
+    new_changed = [str(out_dir / f.path) for f in files
+                   if f.path not in old or old[f.path].read_text() != f.text]
+    if not new_changed and set(old) == {f.path for f in files}:
+        return changed
+    tmp = Path(tempfile.mkdtemp(prefix=f".{package}.new-", dir=out_dir))
+    retired = None
+    try:
+        for f in files:
+            dest = tmp / f.path.split("/", 1)[1]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _write_file(dest, f.text)
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{package}.old-", dir=out_dir))
+            target.rename(retired / package)
+        tmp.rename(target)
+    except BaseException:
+        if retired is not None and (retired / package).exists() and not target.exists():
+            (retired / package).rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
+        raise
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+    return changed + new_changed
 
 
 def diff_files(files: tuple[GeneratedFile, ...], out_dir: Path) -> list[FileDiff]:
@@ -55,5 +98,5 @@ def stale_packages(out_dir: Path, ops: set[str]) -> list[str]:
         return []
     return sorted(
         p.name for p in out_dir.iterdir()
-        if p.is_dir() and (p / "__init__.py").exists() and p.name not in ops and not p.name.startswith("_")
+        if p.is_dir() and (p / "__init__.py").exists() and p.name not in ops and not p.name.startswith(("_", "."))
     )
