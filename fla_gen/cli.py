@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, and usage errors (_Parser.error)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if args.command is None:
-        parser.print_help()
+        print("fla-gen: name a command: build, plan, run or aot (see 'fla-gen --help')", file=sys.stderr)
         return EXIT_USAGE
     prog = f"fla-gen {args.command}"
     try:
