@@ -35,8 +35,8 @@ SAMPLE_HEAD_DIMS = (16, 32, 64, 128, 256)
 # directory that Python imports. Names that would not compile or would shadow what that code reads are refused.
 PYTHON_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 # Builtins that the generated functions whose arguments and locals are spec names call.
-USED_BUILTINS = frozenset({"any", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min", "range",
-                           "slice", "sum", "tuple", "zip"})
+USED_BUILTINS = frozenset({"any", "bool", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min",
+                           "range", "slice", "sum", "tuple", "zip"})
 # Module-level names of the generated op modules that the public functions read, and their own arguments
 # and locals; the reference's arguments and locals; the transforms' arguments and locals.
 GENERATED_NAMES = frozenset({

@@ -121,3 +121,14 @@ def test_the_compiler_never_imports_generated_code():
             words = line.split()
             if words[:1] in (["import"], ["from"]) and len(words) > 1:
                 assert not words[1].startswith("generated"), f"{path}: {line}"
+
+
+def test_a_default_with_exp_imports_math(tmp_path):
+    spec = tmp_path / "gla.fla"
+    spec.write_text(GLA.read_text().replace("param scale = K ** -0.5", "param scale = exp(-log(K) / 2)"))
+    assert main(["build", str(spec), "-o", str(tmp_path / "out")]) == 0
+    for module in ("chunk.py", "fused_recurrent.py", "reference.py"):
+        text = (tmp_path / "out" / "gla" / module).read_text()
+        assert "math.exp(" in text and "\nimport math\n" in text, module
+        compile(text, module, "exec")
+    assert "import math" not in (REPO_ROOT / "generated" / "gla" / "chunk.py").read_text()
