@@ -13,17 +13,24 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fla_gen import __version__
-from fla_gen.canonical import Recurrence, canonicalize
 from fla_gen.check import check_spec
-from fla_gen.emit import GeneratedFile, emit_package
 from fla_gen.errors import Pos, SpecError, UsageError
 from fla_gen.ir import CheckedSpec
 from fla_gen.parse import read_spec
-from fla_gen.plan import ARCHS, DTYPES, PlanError, plan_algorithm, select_algorithms
 from fla_gen.resources import SOURCE_ROOT, source_checkout
-from fla_gen.write import diff_files, stale_packages, write_files
+
+if TYPE_CHECKING:
+    from fla_gen.canonical import Recurrence
+    from fla_gen.emit import GeneratedFile
+
+# The stages after the checker (canonical, plan, emit with Jinja, write) are imported when a spec has passed
+# it: a spec's error comes back without loading them. The choices below mirror fla_gen.plan.ARCHS and DTYPES
+# (tests/integration/test_cli_misuse.py checks they agree).
+ARCH_CHOICES = ("sm80", "sm86", "sm89", "sm90", "sm100")
+DTYPE_CHOICES = ("fp16", "bf16", "fp32")
 
 REPO_ROOT = SOURCE_ROOT
 EXIT_OK, EXIT_DIFF, EXIT_SPEC_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -68,6 +75,8 @@ def _statement_pos(spec: CheckedSpec, keyword: str, name: str | None = None) -> 
 
 def load_recurrence(path: Path) -> Recurrence:
     """Parse, check and canonicalize one spec file."""
+    from fla_gen.canonical import canonicalize
+
     return canonicalize(check_spec(read_spec(path, _display_name(path))))
 
 
@@ -80,6 +89,9 @@ def compile_spec(path: Path) -> tuple[Recurrence, tuple[GeneratedFile, ...]]:
         UsageError: the spec file is missing or unreadable.
     """
     checked = check_spec(read_spec(path, _display_name(path)))
+    from fla_gen.canonical import canonicalize
+    from fla_gen.emit import emit_package
+
     try:
         rec = canonicalize(checked)
         return rec, emit_package(rec)
@@ -124,6 +136,8 @@ def _duplicate(first: dict[str, Path], key: str, spec: Path, checked: CheckedSpe
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    from fla_gen.write import diff_files, stale_packages, write_files
+
     specs = _spec_paths(args)
     if not specs:
         raise UsageError("name one or more spec files, or pass --all")
@@ -169,6 +183,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from fla_gen.plan import ARCHS, PlanError, plan_algorithm, select_algorithms
+
     rec, _ = compile_spec(Path(args.spec))  # what build refuses, plan refuses
     algos = select_algorithms(rec)
     try:
@@ -229,6 +245,8 @@ class _Stages:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from fla_gen.write import write_files
+
     stage = _Stages()
     rec, files = compile_spec(Path(args.spec))
     out_dir = _output_dir(args)
@@ -337,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS_DOC,
     )
     plan.add_argument("spec", metavar="SPEC", help="spec file (.fla)")
-    plan.add_argument("--arch", default="sm90", choices=list(ARCHS), help="target GPU arch (default sm90)")
-    plan.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="input dtype (default bf16)")
+    plan.add_argument("--arch", default="sm90", choices=ARCH_CHOICES, help="target GPU arch (default sm90)")
+    plan.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="input dtype (default bf16)")
     plan.add_argument("--head-dim", type=_positive_int, default=128, metavar="D", help="head dim K = V (default 128)")
     plan.set_defaults(func=_cmd_plan)
 
@@ -356,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the dense calls' sizes, for both ops (default: per op, see fla_gen.verify.run_checks)")
     run.add_argument("--long", action="store_true",
                      help="the long check: larger sizes (minutes in the interpreter; the default on a GPU)")
-    run.add_argument("--dtype", choices=list(DTYPES), help="input dtype (default bf16 on a GPU, fp32 on the CPU)")
+    run.add_argument("--dtype", choices=DTYPE_CHOICES, help="input dtype (default bf16 on a GPU, fp32 on the CPU)")
     run.add_argument("--cpu", action="store_true", help="use the interpreter even when a GPU is present")
     run.add_argument("-o", "--output", metavar="DIR",
                      help="output root (default: generated/ of the checkout when run inside it, else ./generated)")

@@ -106,3 +106,10 @@ def test_an_internal_error_is_one_line_unless_debugging(files, capsys, monkeypat
     monkeypatch.setenv("FLA_GEN_DEBUG", "1")
     with pytest.raises(RuntimeError):
         main(["build", GLA, "-o", f"{files['tmp']}/out"])
+
+
+def test_the_cli_choices_are_the_planners():
+    from fla_gen.cli import ARCH_CHOICES, DTYPE_CHOICES
+    from fla_gen.plan import ARCHS, DTYPES
+
+    assert ARCH_CHOICES == tuple(ARCHS) and DTYPE_CHOICES == tuple(DTYPES)
