@@ -122,6 +122,7 @@ class CheckCase:
 
     @property
     def label(self) -> str:
+        """``chunk B=2 T=97 H=2 K=16 V=32`` and the offsets of a varlen call."""
         sizes = f"B={self.B} T={self.T} H={self.H} K={self.K} V={self.V}"
         return f"{self.mode} {sizes}" + (f" cu_seqlens={list(self.cu_seqlens)}" if self.cu_seqlens else "")
 
@@ -132,11 +133,13 @@ def check_cases(chunk_size: int, shape: tuple[int, int, int, int, int] | None = 
     backward with an initial state.
 
     The default sizes run every kernel in Triton's interpreter within about a minute on two CPU cores: the
-    chunk op over two full chunks and a partial one, the token-by-token op over a few tokens. The
-    interpreter runs the recurrent kernels' token loop in Python, one NumPy step per token and program,
-    so their time grows with T (rwkv7 at B=2 H=2 K=32 V=48: 2.8 s at T=16, 7.2 s at T=32; the old default
-    T=100 took minutes); the chunk kernels loop over chunks instead. ``shape`` sets the dense calls of
-    both ops; ``long`` checks fla-size tiles (K=32, V=48, two heads) and longer sequences.
+    chunk op over a full chunk and a partial one, the token-by-token op over twelve tokens. The interpreter
+    runs programs one after another and each tl operation as a Python call, so the recurrent kernels cost a
+    fixed time per token and program: rwkv7 at B=2 H=2 K=32 V=48 took 160 ms per token forward and 600 ms
+    backward (which walks the sequence three times: forward with checkpoints, each segment recomputed, then
+    in reverse), flat from T=8 to T=64, so the former default T=100 spent minutes there. The chunk kernels
+    step by chunks of 16 or 64 tokens instead. ``shape`` sets the dense calls of both ops; ``long`` checks
+    fla-size tiles (K=32, V=48, two heads) and longer sequences.
     """
     C = chunk_size
     if shape is not None:
