@@ -255,10 +255,13 @@ def read_spec(path: str | Path, display: str | None = None) -> S.SpecAST:
     try:
         if p.is_dir():
             raise UsageError(f"{name}: is a directory, not a spec file")
-        size = p.stat().st_size
-        if size > MAX_SPEC_BYTES:  # refused before reading: a spec is a dozen lines
-            raise SpecError(name, "", Pos(1, 1), f"spec is {size} bytes, over the limit of {MAX_SPEC_BYTES} bytes")
-        data = p.read_bytes()
+        if p.exists() and not p.is_file():
+            raise UsageError(f"{name}: is not a regular file")
+        with p.open("rb") as f:  # at most one byte past the limit: a spec is a dozen lines
+            data = f.read(MAX_SPEC_BYTES + 1)
+            if len(data) > MAX_SPEC_BYTES:
+                size = max(p.stat().st_size, len(data))
+                raise SpecError(name, "", Pos(1, 1), f"spec is {size} bytes, over the limit of {MAX_SPEC_BYTES} bytes")
     except FileNotFoundError:
         raise UsageError(f"{name}: no such spec file") from None
     except OSError as e:

@@ -31,6 +31,7 @@ CASES = [
     ("build without specs", ["build", "-o", "{tmp}/out"], 3, "name one or more spec files"),
     ("build a missing spec", ["build", "{tmp}/nope.fla", "-o", "{tmp}/out"], 3, "no such spec file"),
     ("build a directory", ["build", "{tmp}", "-o", "{tmp}/out"], 3, "is a directory"),
+    ("build a device", ["build", "/dev/zero", "-o", "{tmp}/out"], 3, "is not a regular file"),
     ("build -o a file", ["build", "{gla}", "-o", "{file}"], 3, "is not a directory"),
     ("build -o below a file", ["build", "{gla}", "-o", "{file}/sub"], 3, "cannot write"),
     ("build -o without a value", ["build", "{gla}", "-o"], 3, "expected one argument"),
