@@ -112,13 +112,13 @@ def _spec_paths(args: argparse.Namespace) -> list[Path]:
 
 
 def _output_dir(args: argparse.Namespace) -> Path:
-    """-o DIR; else the checkout's generated/ when run inside the checkout, else ./generated."""
+    """-o DIR; else the checkout's generated/ for --all or when run inside the checkout, else ./generated."""
     if args.output:
         out = Path(args.output)
     else:
         root = source_checkout()
         cwd = Path.cwd().resolve()
-        inside = root is not None and (cwd == root or root in cwd.parents)
+        inside = root is not None and (cwd == root or root in cwd.parents or getattr(args, "all", False))
         out = root / "generated" if inside else Path("generated")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: the output root exists and is not a directory")
@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 and print a diff if generated/ differs from the specs")
     build.add_argument("-o", "--output", metavar="DIR",
-                       help="output root (default: generated/ of the checkout when run inside it, else ./generated)")
+                       help="output root (default: generated/ of the checkout with --all or when run inside it, "
+                            "else ./generated)")
     build.set_defaults(func=_cmd_build)
 
     plan = sub.add_parser(

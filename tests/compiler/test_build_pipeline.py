@@ -132,3 +132,12 @@ def test_a_default_with_exp_imports_math(tmp_path):
         assert "math.exp(" in text and "\nimport math\n" in text, module
         compile(text, module, "exec")
     assert "import math" not in (REPO_ROOT / "generated" / "gla" / "chunk.py").read_text()
+
+
+def test_build_without_output_outside_the_checkout_writes_here(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", str(GLA)]) == 0
+    assert "wrote generated/gla" in capsys.readouterr().out
+    assert (tmp_path / "generated" / "gla" / "chunk.py").read_bytes() == \
+        (REPO_ROOT / "generated" / "gla" / "chunk.py").read_bytes()
+    assert main(["build", "--all", "--check"]) == 0  # --all: the checkout's generated/, from anywhere
