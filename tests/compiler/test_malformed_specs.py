@@ -136,6 +136,7 @@ CASES = [
      "divides by zero"),
     # --- input limits
     ("a sum too deep", base(l8="output o = scale * S^T @ q" + " + S^T @ q" * 100), 8, "nested more than"),
+    ("a sum of three thousand terms", base(l8="output o = S^T @ q" + " + S^T @ q" * 3000), 8, "nested more than"),
     ("ten thousand minuses", base(l6="param scale = " + "-" * 10000 + "1"), 6, "nested more than"),
     ("an expression too long", base(l8=f"output o = S^T @ {balanced_sum(600)}"), 8, "longer than"),
     ("too many statements", base(l1="op t\n" + "\n".join(f"input x{i}: [H]" for i in range(300))), 257,
