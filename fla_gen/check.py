@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import keyword
+import math
+import sys
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecErrorFactory
@@ -21,6 +24,65 @@ ROPE_OPTIONS = ("style", "rotary_dim", "base")
 # Functions with their own typing rules below.
 STRUCTURAL = {"outer": 2, "diag": 1}
 BINARY_FN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", "**": "pow"}
+# Functions a param default or rotary_dim may use: they are evaluated on the host (fla_gen.emit.render_scalar).
+HOST_FN = ("exp", "log")
+# Head dims at which host scalars (param defaults, rotary_dim) are evaluated at build time, so that a default
+# that divides by zero or overflows is refused here rather than at every call: the planner's head-dim buckets.
+SAMPLE_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+# ----------------------------------------------------------------- the name policy
+# A spec's names become Python identifiers of the generated package: inputs, params, the state and its head
+# dims are arguments and locals of the public ops (templates/package/op_module.py.jinja), of the transforms
+# (transforms.py.jinja) and of the reference (reference.py.jinja); the op names functions and the package a
+# directory that Python imports. Names that would not compile or would shadow what that code reads are refused.
+PYTHON_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
+# Builtins that the generated functions whose arguments and locals are spec names call.
+USED_BUILTINS = frozenset({"any", "bool", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min",
+                           "range", "slice", "sum", "tuple", "zip"})
+# Module-level names of the generated op modules that the public functions read, and their own arguments
+# and locals; the reference's arguments and locals; the transforms' arguments and locals.
+GENERATED_NAMES = frozenset({
+    # imports of the op, transforms and reference modules
+    "torch", "triton", "tl", "math", "launch", "select_plan", "select_bounded_plan", "OpSignature",
+    "backward_outputs", "call_op", "chunk_tables", "define_op", "forward_outputs", "varlen_bounds", "shapes_only",
+    "TensorArg", "check_gates_respect_bound", "validate_call", "validate_gate_lower_bound", "rope_positions",
+    "rope_reference", "validate_rope", "cdiv", "next_power_of_2", "row_tile", "tile_of_one_token",
+    # the plan tables and the launchers of the kernel templates
+    "CHUNK_PLANS", "RECURRENT_PLANS", "BOUNDED_CHUNK_PLANS", "chunk_fwd", "chunk_bwd", "fused_recurrent_fwd",
+    "fused_recurrent_bwd",
+    # the public ops' own arguments and locals
+    "self", "call", "plan", "positions", "rope_dims", "o", "final_state", "initial_state", "output_final_state",
+    "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound", "seqlen_offsets",
+    # the reference's locals
+    "dtype", "device", "segments", "bounds", "outputs", "finals", "n", "rows", "bos", "eos", "batch", "steps",
+    "t",
+    # the layout dims
+    "B", "T", "H", "N",
+})
+# Module names a package must not take: the generated code imports them, and a package directory named like
+# one would shadow it for any program that puts the output root on sys.path.
+IMPORTED_MODULES = frozenset({"torch", "triton", "numpy", "jinja2", "lark", "fla_gen", "generated"})
+
+
+def _name_problem(kind: str, name: str) -> str:
+    """Why ``name`` cannot name a ``kind`` (op, package, input, state, param, dim or output); '' if it can."""
+    if name in PYTHON_KEYWORDS:
+        return f"'{name}' is a Python keyword and cannot name the {kind}"
+    if name.startswith("_"):
+        return f"'{name}' starts with '_', which the generated code keeps for its own names; the {kind} cannot " \
+               f"take it"
+    if kind == "op" or kind == "output":  # the op only prefixes names (chunk_<op>); the output names no variable
+        return ""
+    if kind == "package":
+        if name in IMPORTED_MODULES or name in sys.stdlib_module_names:
+            return f"package '{name}' would shadow the module '{name}' that Python code imports"
+        return ""
+    if name in USED_BUILTINS or name in GENERATED_NAMES:
+        what = "a Python builtin" if name in USED_BUILTINS else "a name"
+        return f"'{name}' is {what} that the generated code uses; the {kind} cannot take it"
+    if name == "scale" and kind != "param":
+        return "'scale' is the ops' output scale argument; only a 'param' can be named 'scale'"
+    return ""
 
 
 def _did_you_mean(name: str, candidates) -> str:
@@ -48,6 +110,15 @@ class _Checker:
         packages = [s for s in stmts if isinstance(s, S.PackageDecl)]
         if len(packages) > 1:
             raise self.err(packages[1].pos, f"a second 'package' line (already '{packages[0].name}')")
+        self._name_ok("op", ops[0].name, ops[0].pos)
+        if packages:
+            self._name_ok("package", packages[0].name, packages[0].pos)
+        else:
+            problem = _name_problem("package", ops[0].name)
+            if problem:
+                raise self.err(ops[0].pos, f"the op names its package: {problem}",
+                               "add a line 'package NAME' with another name")
+        self.op = ops[0].name
         states = [s for s in stmts if isinstance(s, S.StateDecl)]
         if not states:
             raise self.err(ops[0].pos, "the spec declares no state", "add e.g. 'state S: [K, V]'")
@@ -62,9 +133,15 @@ class _Checker:
                 raise self.err(p, f"'{d}' is a layout dim (B, T, H, HV); the state's dims are head dims such as K "
                                  f"and V")
         key_dim, value_dim = state.dims
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self._name_ok("state", state.name, state.pos)
+        for d, p in zip(state.dims, state.dim_pos, strict=True):
+            self._name_ok("head dim", d, p)
+            if d == state.name:
+                raise self.err(p, f"the head dim '{d}' has the state's name")
         self._declare(state.name, Ref(state.name, "state", Ty(state.dims, "state"), state.pos), state.pos)
-        for d in (key_dim, value_dim):
-            self.names.setdefault(d, Ref(d, "dim", Ty((), "const"), state.pos))
+        for d, axis in ((key_dim, "K"), (value_dim, "V")):
+            self.names.setdefault(d, Ref(d, "dim", Ty((), "const"), state.pos, axis))
 
         input_decls = [s for s in stmts if isinstance(s, S.InputDecl)]
         inputs = tuple(self._input(s, key_dim, value_dim) for s in input_decls)
@@ -74,6 +151,11 @@ class _Checker:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
                                "declare optional inputs (with '= 0') last, as Python arguments with defaults")
         params = tuple(self._param(s) for s in stmts if isinstance(s, S.ParamDecl))
+        for decl in (*inputs, *params):
+            fetch = decl.name.removesuffix("_t")
+            if decl.name.endswith("_t") and fetch in self.inputs:
+                raise self.err(decl.pos, f"'{decl.name}' is the name the reference gives to input '{fetch}' at "
+                                         f"token t", f"rename '{decl.name}'")
         transforms = self._transforms(stmts)
 
         updates = []
@@ -98,6 +180,7 @@ class _Checker:
             raise self.err(where, "a spec has exactly one 'output' line" if outputs else "the spec has no output",
                            "" if outputs else f"add e.g. 'output o = scale * {state.name}^T @ q'")
         out_stmt = outputs[0]
+        self._name_ok("output", out_stmt.name, out_stmt.pos)
         if out_stmt.name in self.names:
             raise self.err(out_stmt.pos, f"output name '{out_stmt.name}' is already declared")
         first_update = next(s for s in stmts if isinstance(s, S.Update))
@@ -198,7 +281,7 @@ class _Checker:
                 raise self.err(v.pos, "rope's style is 'neox' (rotate halves, GPT-NeoX) or 'interleaved' "
                                       "(rotate adjacent pairs, GPT-J)")
             style = v.id
-        rotary = Ref(head_dim, "dim", Ty((), "const"), call.pos)
+        rotary = Ref(head_dim, "dim", Ty((), "const"), call.pos, "K" if head_dim == self.key_dim else "V")
         if "rotary_dim" in opts:
             v = opts["rotary_dim"].value
             rotary = self.expr(v)
@@ -208,6 +291,7 @@ class _Checker:
                                             or int(rotary.value) % 2):
                 raise self.err(v.pos, f"rotary_dim must be a positive even integer, got {rotary.value:g}",
                                "channels rotate in pairs")
+            self._host_scalar(rotary, v.pos, "rotary_dim")
         base = 10000.0
         if "base" in opts:
             v = opts["base"].value
@@ -238,6 +322,31 @@ class _Checker:
         for decl in (*inputs, *params):
             if decl.name not in used:
                 raise self.err(decl.pos, f"'{decl.name}' is declared but never used")
+
+    def _name_ok(self, kind: str, name: str, pos: Pos) -> None:
+        problem = _name_problem(kind, name)
+        if not problem and kind not in ("op", "package", "output"):
+            op = getattr(self, "op", "")
+            own = {f"chunk_{op}", f"fused_recurrent_{op}", f"{op}_reference", f"{op}_transforms",
+                   f"{op}_transform_args", "".join(p.capitalize() for p in op.split("_")) + "Transforms"}
+            if name in own:
+                problem = f"'{name}' is a function of the generated package; the {kind} cannot take it"
+        if problem:
+            raise self.err(pos, problem, "choose another name")
+
+    def _host_scalar(self, node: Node, pos: Pos, what: str) -> None:
+        """Evaluate a scalar of numbers, head dims and params at every SAMPLE_HEAD_DIMS pair: host code computes
+        it at call time, so a value that is not a finite number is refused here, at its line."""
+        bad = _host_only(node)
+        if bad is not None:
+            raise self.err(bad.pos, f"{what} is computed on the host, which evaluates {', '.join(HOST_FN)}, "
+                                    f"numbers, head dims and the operators + - * / **; '{bad.fn}' is not among them")
+        for k in SAMPLE_HEAD_DIMS:
+            for v in SAMPLE_HEAD_DIMS:
+                problem = _evaluate(node, {self.key_dim: k, self.value_dim: v})
+                if problem:
+                    dims = "" if not _reads_dims(node) else f" at {self.key_dim}={k}, {self.value_dim}={v}"
+                    raise self.err(pos, f"{what} is not a finite number{dims}: {problem}")
 
     def _declare(self, name: str, ref: Ref, pos: Pos) -> None:
         if name in self.names:
@@ -283,15 +392,21 @@ class _Checker:
         info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos, heads)
         if s.name in LAYOUT_DIMS:
             raise self.err(s.pos, f"'{s.name}' is a layout dim and cannot name an input")
+        self._name_ok("input", s.name, s.pos)
         self._declare(s.name, Ref(s.name, "input", info.ty, s.pos), s.pos)
         self.inputs[s.name] = info
         return info
 
     def _param(self, s: S.ParamDecl) -> ParamInfo:
+        self._name_ok("param", s.name, s.pos)
         default = self.expr(s.default)
         if default.ty.dims or default.ty.varies not in ("const", "param"):
             raise self.err(s.default.pos, f"the default of param '{s.name}' must be a scalar made of numbers "
                                           f"and head dims, got a {default.ty.varies} {default.ty.show()}")
+        if _reads_params(default):
+            raise self.err(s.default.pos, f"the default of param '{s.name}' reads another param; a default is "
+                                          f"made of numbers and head dims")
+        self._host_scalar(default, s.default.pos, f"the default of param '{s.name}'")
         self._declare(s.name, Ref(s.name, "param", Ty((), "param"), s.pos), s.pos)
         return ParamInfo(s.name, default, s.pos)
 
@@ -316,7 +431,7 @@ class _Checker:
                                                             f"on HV")
                 if info.optional:
                     raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
-            return Ref(ref.name, ref.role, ref.ty, e.pos)
+            return Ref(ref.name, ref.role, ref.ty, e.pos, ref.axis)
         if isinstance(e, S.Neg):
             x = self.expr(e.operand)
             return Apply("neg", (x,), x.ty, e.pos)
@@ -402,6 +517,62 @@ class _Checker:
         if len(a.ty.dims) != 1:
             raise self.err(e.args[0].pos, f"diag() takes a vector, got {a.ty.show()}")
         return Apply("diag", args, Ty(a.ty.dims * 2, varies), e.pos)
+
+
+def _host_only(n: Node) -> Apply | None:
+    """The first operation of ``n`` that host code does not evaluate (see HOST_FN), or None."""
+    if isinstance(n, Apply):
+        if n.fn not in ("add", "sub", "mul", "div", "pow", "neg", *HOST_FN):
+            return n
+        return next((b for b in map(_host_only, n.args) if b is not None), None)
+    return None
+
+
+def _reads_dims(n: Node) -> bool:
+    if isinstance(n, Ref):
+        return n.role == "dim"
+    return isinstance(n, Apply) and any(_reads_dims(a) for a in n.args)
+
+
+def _reads_params(n: Node) -> bool:
+    if isinstance(n, Ref):
+        return n.role == "param"
+    return isinstance(n, Apply) and any(_reads_params(a) for a in n.args)
+
+
+def _evaluate(n: Node, env: dict[str, float]) -> str:
+    """'' if the host scalar ``n`` is a finite real number with the dims of ``env``, else what goes wrong."""
+    def value(m: Node) -> float:
+        if isinstance(m, Lit):
+            return m.value
+        if isinstance(m, Ref):
+            return float(env[m.name])
+        a = [value(x) for x in m.args]
+        if m.fn == "neg":
+            return -a[0]
+        if m.fn == "exp":
+            return math.exp(a[0])
+        if m.fn == "log":
+            return math.log(a[0])
+        if m.fn == "pow":
+            r = a[0] ** a[1]
+            if isinstance(r, complex):
+                raise ValueError("a negative number to a fractional power")
+            return r
+        return {"add": a[0] + a[1], "sub": a[0] - a[1], "mul": a[0] * a[1]}.get(m.fn) if m.fn != "div" \
+            else a[0] / a[1]
+
+    try:
+        r = value(n)
+    except ZeroDivisionError:
+        return "it divides by zero"
+    except OverflowError:
+        return "it overflows a float"
+    except ValueError as e:
+        return "log of a number <= 0" if "math domain" in str(e) else str(e)
+    if not math.isfinite(r):
+        return f"it is {r}"
+    return ""
 
 
 def check_spec(spec: S.SpecAST) -> CheckedSpec:

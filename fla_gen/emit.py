@@ -21,10 +21,11 @@ from fla_gen.ir import Apply, Heads, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
 from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
+from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, pass_outputs, plan_transforms
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = data_dir("templates")
 # Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
 # q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
 # every H-head input to HV heads and runs the op ungrouped.
@@ -324,6 +325,9 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
         "kernel_groups_heads": groups_heads,
     })
+    # host scalars with exp or log (param defaults, the output's scale) call math.*
+    ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], transform_block,
+                                                          *(p["default_code"] for p in ctx["params"])))
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
 
@@ -417,6 +421,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "transforms": ref.transforms,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
+    ref_ctx["needs_math"] = any("math." in code for code in (*(p["default"] for p in ref_ctx["params"]),
+                                                              *ref.transforms))
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",

@@ -12,11 +12,14 @@ _MATH_FN = {"exp": "math.exp", "log": "math.log"}
 
 
 def render_scalar(n: Node, dim_prefix: str = "") -> str:
-    """Python code for a call-time scalar (numbers, head dims, params): ``K ** -0.5``."""
+    """Python code for a call-time scalar (numbers, head dims, params): ``K ** -0.5``. With a ``dim_prefix``
+    (``call.``) a head dim reads the call's shape by its axis (``call.K``), whatever the spec names it."""
     if isinstance(n, Lit):
         return repr(float(n.value)) if n.value != int(n.value) else str(int(n.value))
     if isinstance(n, Ref):
-        return f"{dim_prefix}{n.name}" if n.role == "dim" else n.name
+        if n.role == "dim":
+            return f"{dim_prefix}{n.axis or n.name}" if dim_prefix else n.name
+        return n.name
     assert isinstance(n, Apply)
     r = [render_scalar(a, dim_prefix) for a in n.args]
     binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}

@@ -34,12 +34,15 @@ def widest(*varies: str) -> str:
 
 @dataclass(frozen=True)
 class Ref:
-    """A name: ``role`` is ``input``, ``state``, ``param`` or ``dim``."""
+    """A name: ``role`` is ``input``, ``state``, ``param`` or ``dim``. A ``dim`` also names its ``axis``,
+    ``K`` (the state's rows) or ``V`` (its columns), whatever the spec calls it: generated host code reads
+    the size from the call's shape under that name (``call.K``)."""
 
     name: str
     role: str
     ty: Ty
     pos: Pos
+    axis: str = ""
 
 
 @dataclass(frozen=True)
