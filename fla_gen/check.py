@@ -292,6 +292,7 @@ class _Checker:
                 raise self.err(v.pos, f"rotary_dim must be a positive even integer, got {rotary.value:g}",
                                "channels rotate in pairs")
             self._host_scalar(rotary, v.pos, "rotary_dim")
+            self._rotary_fits(rotary, head_dim, v.pos)
         base = 10000.0
         if "base" in opts:
             v = opts["base"].value
@@ -347,6 +348,20 @@ class _Checker:
                 if problem:
                     dims = "" if not _reads_dims(node) else f" at {self.key_dim}={k}, {self.value_dim}={v}"
                     raise self.err(pos, f"{what} is not a finite number{dims}: {problem}")
+
+    def _rotary_fits(self, rotary: Node, head_dim: str, pos: Pos) -> None:
+        """Refuse a rotary dim wider than the head dim it rotates at every head dim the kernels take (e.g. the
+        model dim, 2 * K, or a number over 256): the rotary table would read past each row. A rotary dim that
+        fits some head dims is checked against the actual head dim at call time."""
+        widths = []
+        for d in SAMPLE_HEAD_DIMS:
+            env = {self.key_dim: d, self.value_dim: d}
+            if _evaluate(rotary, env) == "":
+                widths.append(_value(rotary, env) - d)
+        if widths and min(widths) > 0:
+            raise self.err(pos, f"rotary_dim is wider than the head dim {head_dim} it rotates at every head dim up "
+                                f"to {SAMPLE_HEAD_DIMS[-1]}", f"rope rotates at most all {head_dim} channels of a "
+                                f"head: use rotary_dim={head_dim} or less (the head dim, not the model dim)")
 
     def _declare(self, name: str, ref: Ref, pos: Pos) -> None:
         if name in self.names:
@@ -538,6 +553,19 @@ def _reads_params(n: Node) -> bool:
     if isinstance(n, Ref):
         return n.role == "param"
     return isinstance(n, Apply) and any(_reads_params(a) for a in n.args)
+
+
+def _value(n: Node, env: dict[str, float]) -> float:
+    """The value of a host scalar that _evaluate found finite."""
+    if isinstance(n, Lit):
+        return n.value
+    if isinstance(n, Ref):
+        return float(env[n.name])
+    a = [_value(x, env) for x in n.args]
+    ops = {"neg": lambda: -a[0], "exp": lambda: math.exp(a[0]), "log": lambda: math.log(a[0]),
+           "pow": lambda: a[0] ** a[1], "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1],
+           "mul": lambda: a[0] * a[1], "div": lambda: a[0] / a[1]}
+    return float(ops[n.fn]())
 
 
 def _evaluate(n: Node, env: dict[str, float]) -> str:

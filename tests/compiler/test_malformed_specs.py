@@ -132,6 +132,10 @@ CASES = [
     ("rope style", base(l6="transform q, k = rope(q, k, style=gptj)"), 6, "rope's style"),
     ("rope base", base(l6="transform q, k = rope(q, k, base=1)"), 6, "greater than 1"),
     ("rope odd rotary_dim", base(l6="transform q, k = rope(q, k, rotary_dim=3)"), 6, "positive even integer"),
+    ("rope rotary_dim of the model dim", base(l6="transform q, k = rope(q, k, rotary_dim=2 * K)"), 6,
+     "wider than the head dim"),
+    ("rope rotary_dim over every head dim", base(l6="transform q, k = rope(q, k, rotary_dim=512)"), 6,
+     "wider than the head dim"),
     ("rope rotary_dim divides by zero", base(l6="transform q, k = rope(q, k, rotary_dim=K / 0)"), 6,
      "divides by zero"),
     # --- input limits
