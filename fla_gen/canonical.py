@@ -141,6 +141,16 @@ def _neg(a: Node, pos: Pos) -> Node:
     return Apply("neg", (a,), a.ty, pos)
 
 
+def _coef_first(n: Apply) -> tuple[Node, Node]:
+    """The (scalar or vector factor, matrix or vector) operands of a product, whichever side the spec wrote the
+    factor on: ``S * exp(g)`` and ``exp(g) * S`` are one term, as are ``S^T @ q * scale`` and ``scale * S^T @ q``."""
+    a, b = n.args
+    if len(b.ty.dims) < len(a.ty.dims) or (len(a.ty.dims) == len(b.ty.dims) and b.ty.varies != "state"
+                                           and a.ty.varies == "state"):
+        return b, a
+    return a, b
+
+
 class _Expander:
     def __init__(self, spec: CheckedSpec) -> None:
         self.spec = spec
@@ -167,7 +177,7 @@ class _Expander:
         if fn == "neg":
             return self.scale(self.mat(args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
         if fn == "mul":
-            coef, m = args
+            coef, m = _coef_first(n)
             if coef.ty.dims == ():
                 return self.scale(self.mat(m), _Factor(FactorKind.SCALAR, coef))
             if coef.ty.dims[0] != self.spec.key_dim:
@@ -210,9 +220,17 @@ class _Expander:
                 right = self.scale(right, _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
             return self.free_matrix(n.args[0]) + right
         if isinstance(n, Apply) and n.fn == "mul":
-            coef, m = n.args
+            coef, m = _coef_first(n)
             kind = FactorKind.SCALAR if not coef.ty.dims else FactorKind.DIAG
             return self.scale(self.free_matrix(m), _Factor(kind, coef))
+        if isinstance(n, Apply) and n.fn == "div" and not n.args[1].ty.dims:
+            inv = Apply("div", (_lit(1.0, n.pos), n.args[1]), n.args[1].ty, n.pos)
+            return self.scale(self.free_matrix(n.args[0]), _Factor(FactorKind.SCALAR, inv))
+        if isinstance(n, Apply) and n.fn == "neg":
+            return self.scale(self.free_matrix(n.args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
+        if isinstance(n, Apply) and n.fn == "transpose" and isinstance(n.args[0], Apply) and n.args[0].fn == "outer":
+            x, y = n.args[0].args  # (x yᵀ)ᵀ = y xᵀ
+            return (_MatTerm((), (y, x)),)
         raise self.err(n.pos, "a matrix term that is neither outer(x, y) nor applied to the state")
 
     def left_operator(self, n: Node) -> list[tuple[_Factor, ...]]:
@@ -251,8 +269,12 @@ class _Expander:
         if n.fn == "neg":
             a = self.vec(n.args[0])
             return _VecSum(tuple(_neg(c, n.pos) for c in a.const), tuple(_neg(w, n.pos) for w in a.reads))
-        if n.fn == "mul" and not n.args[0].ty.dims and not self.has_state(n.args[0]):
-            s, a = n.args[0], self.vec(n.args[1])
+        if n.fn == "div" and not n.args[1].ty.dims and not self.has_state(n.args[1]):
+            inv = Apply("div", (_lit(1.0, n.pos), n.args[1]), n.args[1].ty, n.pos)
+            a = self.vec(n.args[0])
+            return _VecSum(tuple(_mul(inv, c, n.pos) for c in a.const), tuple(_mul(inv, w, n.pos) for w in a.reads))
+        if n.fn == "mul" and not _coef_first(n)[0].ty.dims and not self.has_state(_coef_first(n)[0]):
+            s, a = _coef_first(n)[0], self.vec(_coef_first(n)[1])
             return _VecSum(tuple(_mul(s, c, n.pos) for c in a.const), tuple(_mul(s, w, n.pos) for w in a.reads))
         if n.fn == "matmul":
             m, w = n.args
@@ -304,11 +326,14 @@ class _Expander:
 
 
 def _split_scaled(n: Node, coef: tuple[Node, ...] = ()) -> ScaledVector:
-    """Peel scalar factors off a vector expression: β * (2 * k) → coef (β, 2), input k."""
+    """Peel scalar factors off a vector expression, on either side: β * (2 * k) and k * β * 2 → input k
+    with the factors as coef."""
     if isinstance(n, Ref) and n.role == "input":
         return ScaledVector(coef, n.name, n)
-    if isinstance(n, Apply) and n.fn == "mul" and not n.args[0].ty.dims:
-        return _split_scaled(n.args[1], coef + (n.args[0],))
+    if isinstance(n, Apply) and n.fn == "mul":
+        factor, vector = _coef_first(n)
+        if not factor.ty.dims:
+            return _split_scaled(vector, coef + (factor,))
     if isinstance(n, Apply) and n.fn == "neg":
         return _split_scaled(n.args[0], coef + (_lit(-1.0, n.pos),))
     return ScaledVector(coef, None, n)

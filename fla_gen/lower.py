@@ -268,10 +268,10 @@ def _match_delta(rec: Recurrence) -> tuple[Node, Node, Node] | None:
     beta_factors = list(lr.u.coef) + c_w
     if not _remove(beta_factors, Lit(-1.0, Ty((), "const"), kappa.pos)):
         beta_factors.append(Lit(-1.0, Ty((), "const"), kappa.pos))
-    rest = list(x.coef)
+    rest = list(x.coef) + list(y.coef)  # scalars move freely between the two vectors of the write
     if not all(_remove(rest, f) for f in beta_factors if not (isinstance(f, Lit) and f.value == 1.0)):
         return None
-    value = _scaled(rest + list(y.coef), y.expr)
+    value = _scaled(rest, y.expr)
     return kappa, value, _product(beta_factors, kappa.pos)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -70,3 +71,23 @@ def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: 
     return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                   {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                   name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
+@contextlib.contextmanager
+def built_package(spec_text: str, directory: Path, name: str):
+    """Build the spec ``spec_text`` (its op named ``name``) into ``directory`` and import its package for the
+    duration of the context; yields (recurrence, package). The package's modules leave sys.modules after."""
+    from fla_gen.cli import compile_spec
+    from fla_gen.write import write_files
+
+    path = directory / f"{name}.fla"
+    path.write_text(spec_text)
+    rec, files = compile_spec(path)
+    write_files(files, directory / "build")
+    sys.path.insert(0, str(directory / "build"))
+    try:
+        yield rec, importlib.import_module(rec.spec.package)
+    finally:
+        sys.path.remove(str(directory / "build"))
+        for module in [m for m in sys.modules if m == rec.spec.package or m.startswith(rec.spec.package + ".")]:
+            del sys.modules[module]
