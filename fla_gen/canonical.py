@@ -374,6 +374,31 @@ class _Sorter:
         return _split_scaled(x), _split_scaled(y)
 
 
+def channel_decayed_read(w: ScaledVector) -> tuple[str, str] | None:
+    """(g, k) when ``w`` is scalars times exp(g) * k with g and k key-dim inputs, else None.
+
+    A delta update after a per-channel decay (S = exp(g) * S, then S = S + beta * outer(k, v - S^T @ k))
+    reads the decayed state with w = -exp(g) * k: the delta rule on a channel-decayed state (KDA), not a
+    general rank-1 term.
+    """
+    e = w.expr
+    if not (isinstance(e, Apply) and e.fn == "mul" and len(e.args) == 2):
+        return None
+    gate, key = (e.args if isinstance(e.args[0], Apply) else e.args[::-1])
+    if not (isinstance(gate, Apply) and gate.fn == "exp" and isinstance(gate.args[0], Ref) and isinstance(key, Ref)):
+        return None
+    g = gate.args[0]
+    if g.role != "input" or g.ty.dims != key.ty.dims or key.role != "input" or len(key.ty.dims) != 1:
+        return None
+    return g.name, key.name
+
+
+def _channel_decayed_key(w: ScaledVector, decay: tuple[GateTerm, ...]) -> str | None:
+    """k when w = c * exp(g) * k with g one of the state's per-channel decay inputs, else None."""
+    read = channel_decayed_read(w)
+    return read[1] if read and GateTerm(read[0], "channel") in decay else None
+
+
 def canonicalize(spec: CheckedSpec) -> Recurrence:
     """Prove that the spec's update has the normal form and pick its algorithm family.
 
@@ -407,7 +432,8 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
     decay_kind = "channel" if "channel" in kinds else ("scalar" if kinds else "none")
     if low_rank is None:
         family = "gated"
-    elif low_rank.u.input is not None and low_rank.u.input == low_rank.w.input:
+    elif low_rank.u.input is not None and low_rank.u.input in (low_rank.w.input,
+                                                               _channel_decayed_key(low_rank.w, decay)):
         family = "delta"
     else:
         family = "general_rank1"

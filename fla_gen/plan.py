@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from fla_gen.canonical import Recurrence
+from fla_gen.canonical import Recurrence, channel_decayed_read
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
 from fla_gen.tuned import tuned_config
 
@@ -324,6 +324,33 @@ ALGORITHMS: dict[str, Algorithm] = {
     )
 }
 
+# The delta rule on a per-channel decayed state (KDA): chunk_delta's kernels with the gate applied per key
+# channel, plus the per-channel blocks of chunk_channel_gate (the gate cumsum, fwd_A for the two intra-chunk
+# products A_kk = K K^T * Gamma and A_qk = scale Q K^T * Gamma, bwd_dqk_intra for their gradients). Its own
+# name: the measured entries of fla_gen/tuned.py and FUSED_WALK_TILES are for the scalar-gate kernels. No
+# fwd_fused: its per-channel walk is not measured, so the forward is fwd_h + fwd_o. Shared-memory models as
+# chunk_delta's plus the fp32 G tiles (the model counts them at the input dtype: `fla-gen aot` checks the real
+# size); warps are the 4-warp default, not measured.
+_CHANNEL_DELTA = Algorithm(
+    "chunk_delta_channel", "kernels/chunk_delta.jinja",
+    (_CUMSUM, _CHANNEL_A,
+     # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
+     KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+     KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
+                 small_grid_split=WHOLE_K_GRID_SPLIT),
+     KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+     KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                 (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
+                 max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
+     KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
+     KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+     _CHANNEL_DQK_INTRA,
+     # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
+     KernelShape("bwd_dqkg", (), pipelined=False)),
+    chunked=True)
+
 
 class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
@@ -337,9 +364,11 @@ def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
             chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
         return chunk, ALGORITHMS["fused_recurrent_gated"]
     if rec.family == "delta":
-        if rec.decay_kind == "channel" or rec.head_gate is not None:
-            raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
-                            "a per-channel or per-head decay is not supported yet")
+        if rec.head_gate is not None:
+            raise PlanError("the delta-family kernels take a per-token gate exp(g) ([B, T, H] or [B, T, H, K]) or "
+                            "none; a per-head decay is not supported yet")
+        if rec.decay_kind == "channel":
+            return _CHANNEL_DELTA, ALGORITHMS["fused_recurrent_delta"]
         return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
     if rec.family == "general_rank1":
         if rec.decay_kind == "scalar" or rec.head_gate is not None:
@@ -394,9 +423,15 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     elif rec.family == "delta":
         beta = _single_input_coef(x)
         lr = rec.low_rank
-        # w must be -exp(g) k with g the state's own decay (or -k without one): S' = exp(g) S first.
-        expected = ["neg1"] + ([f"exp:{rec.token_gate.input}"] if rec.token_gate else [])
-        if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
+        # w must be -exp(g) k with g the state's own decay (or -k without one): S' = exp(g) S first. A per-channel
+        # gate is not a scalar factor: w is then -1 times the vector exp(g) * k.
+        channel = rec.decay_kind == "channel"
+        expected = ["neg1"] + ([f"exp:{rec.token_gate.input}"] if rec.token_gate and not channel else [])
+        w_input = lr.w.input
+        if channel:
+            read = channel_decayed_read(lr.w)
+            w_input = read[1] if read and read[0] == rec.token_gate.input else None
+        if not (beta and _is_plain(y) and x.input == lr.u.input == w_input and _single_input_coef(lr.u) == beta
                 and sorted(_coef_tags(lr.w.coef)) == sorted(expected)):
             raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
                             "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
