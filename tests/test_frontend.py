@@ -38,7 +38,7 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.package == path.stem
-    expected = {"dplr": "general_rank1", "rwkv7": "general_rank1"}
+    expected = {"dplr": "general_rank1", "rwkv7": "general_rank1", "kda": "general_rank1"}
     assert rec.family == expected.get(path.stem, "delta" if "delta" in path.stem else "gated")
 
 
