@@ -332,6 +332,11 @@ ALGORITHMS: dict[str, Algorithm] = {
 # fwd_fused: its per-channel walk is not measured, so the forward is fwd_h + fwd_o. Shared-memory models as
 # chunk_delta's plus the fp32 G tiles (the model counts them at the input dtype: `fla-gen aot` checks the real
 # size); warps are the 4-warp default, not measured.
+# bwd_wy's dk loop keeps several [BT, BK] fp32 tiles (X, exp(G), k, the two parts of dk) live.
+_CHANNEL_WY_WARPS = tuple(
+    ArchRule(a, 8, "8 warps: at 4 the mma.sync build spills 324 B on sm80 (head dim 128) and 8-52 B on sm89 (head "
+                   "dim 64), at 8 none on sm80 and 0-16 B on sm89 (fla-gen aot, bf16; sm86 taken as sm89)")
+    for a in ("sm80", "sm86", "sm89"))
 _CHANNEL_DELTA = Algorithm(
     "chunk_delta_channel", "kernels/chunk_delta.jinja",
     (_CUMSUM, _CHANNEL_A,
@@ -346,7 +351,7 @@ _CHANNEL_DELTA = Algorithm(
                  max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
      KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
-                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
      _CHANNEL_DQK_INTRA,
      # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
      KernelShape("bwd_dqkg", (), pipelined=False)),
