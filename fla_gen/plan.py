@@ -343,8 +343,11 @@ _CHANNEL_DELTA = Algorithm(
      # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
      KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+     # sm100 (no wgmma): the per-channel k^T factors [K, BT] in fp32 beside the state tile
      KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
-                 small_grid_split=WHOLE_K_GRID_SPLIT),
+                 small_grid_split=WHOLE_K_GRID_SPLIT,
+                 warps=(ArchRule("sm100", 8, "8 warps: at 4 the head-dim-128 walk spills 156-164 B on sm100 (32-44 "
+                                             "B at the split tiles), at 8 none (4-8 B split; fla-gen aot, bf16)"),)),
      KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
      KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                  (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
