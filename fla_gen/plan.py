@@ -416,10 +416,19 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     return KernelInputs(lowered.features.kernel_args, tuple(s.input for s in lowered.slots))
 
 
+def _row_gate(features: KernelFeatures) -> bool:
+    """Whether a DPLR recurrence decays by one log gate per token (per-token scalar and/or per-head)."""
+    return features.general and features.any_decay and not features.channel_decay
+
+
 def plan_chunk_size(rec: Recurrence | KernelFeatures, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
     features = kernel_features(rec)
+    if _row_gate(features):
+        return 16, ("16-token chunks (the per-channel gate's, not measured for this path): with one log gate per "
+                    "token the pairwise decays exp(G_t - G_s) are a [16, 16] tile that scales tensor-core dots x y^T, "
+                    "safe for any gate")
     if features.general:
         return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots "
                     "of factors around the middle row on every K block whose gates move at most "
@@ -469,9 +478,10 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
-                bounded: bool = False) -> LaunchConfig:
+                bounded: bool = False, row_gate: bool = False) -> LaunchConfig:
     """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
-    gate lower bound (plan_algorithm)."""
+    gate lower bound (plan_algorithm); ``row_gate``: the recurrence decays by one log gate per token (its
+    pair_tiles kernels take plain dots times [BT, BT] decays)."""
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
@@ -486,6 +496,10 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                             f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
                             f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
                             f"by entry; {warps_why}")
+    if shape.pair_tiles and row_gate:
+        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the "
+                                              f"[{chunk_size}, {chunk_size}] decays of one gate per token (the "
+                                              f"per-channel gate's tiles, not measured for this path); {warps_why}")
     if shape.pair_tiles and bounded:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
@@ -615,6 +629,10 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
         bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
                   f"middle row stays below e^86 (fla's gate_bound_is_safe), so the pairwise decays are "
                   f"tensor-core dots")
+        if _row_gate(rec):
+            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f} (the per-channel "
+                      f"gate's bounded plan, not measured for this path; with one log gate per token the pairwise "
+                      f"decays are dots times [{bt}, {bt}] decays whatever the bound)")
     elif algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
@@ -624,7 +642,7 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     # drops the whole plan row.
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
                      else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
+                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec))) for k in algo.kernels)
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))

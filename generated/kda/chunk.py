@@ -23,6 +23,7 @@ from fla_gen.runtime.torch_op import shapes_only
 from fla_gen.runtime.validate import TensorArg, check_gates_respect_bound, validate_call, validate_gate_lower_bound
 
 from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
+from .transforms import kda_transforms
 
 # Kernels (templates/kernels/chunk_dplr.jinja): they use the torch, triton and tl imported above.
 
@@ -1121,11 +1122,7 @@ def chunk_kda(
     if scale is None:
         scale = call.K ** -0.5
     validate_gate_lower_bound("chunk_kda", gate_lower_bound)
-    call_device = q.device
-    # slots of the normal form that are expressions of the inputs (fla_gen/lower.py)
-    _k = ((beta[..., None] * k)).to(call.dtype).contiguous()
-    _a = ((-(torch.exp(g) * k))).to(call.dtype).contiguous()
-    _b = ((beta[..., None] * k)).to(call.dtype).contiguous()
+    _k, _a, _b = kda_transforms(k, g, beta, call=call, cu_seqlens=cu_seqlens)
     o, final_state, *_ = call_op(
         _chunk_kda_op, _op_forward, q.contiguous(), _k, v.contiguous(), g.contiguous(), _a, _b,
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, gate_lower_bound,

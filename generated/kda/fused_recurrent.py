@@ -22,6 +22,7 @@ from fla_gen.runtime.torch_op import (
 from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
+from .transforms import kda_transforms
 
 # Kernels (templates/kernels/fused_recurrent_dplr.jinja): they use the torch, triton and tl imported above.
 
@@ -473,11 +474,7 @@ def fused_recurrent_kda(
     )
     if scale is None:
         scale = call.K ** -0.5
-    call_device = q.device
-    # slots of the normal form that are expressions of the inputs (fla_gen/lower.py)
-    _k = ((beta[..., None] * k)).to(call.dtype).contiguous()
-    _a = ((-(torch.exp(g) * k))).to(call.dtype).contiguous()
-    _b = ((beta[..., None] * k)).to(call.dtype).contiguous()
+    _k, _a, _b = kda_transforms(k, g, beta, call=call, cu_seqlens=cu_seqlens)
     o, final_state, *_ = call_op(
         _fused_recurrent_kda_op, _op_forward, q.contiguous(), _k, v.contiguous(), g.contiguous(), _a, _b,
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
