@@ -325,6 +325,41 @@ ALGORITHMS: dict[str, Algorithm] = {
     )
 }
 
+# The delta rule on a per-channel decayed state (KDA): chunk_delta's kernels with the gate applied per key
+# channel, plus the per-channel blocks of chunk_channel_gate (the gate cumsum, fwd_A for the two intra-chunk
+# products A_kk = K K^T * Gamma and A_qk = scale Q K^T * Gamma, bwd_dqk_intra for their gradients). Its own
+# name: the measured entries of fla_gen/tuned.py and FUSED_WALK_TILES are for the scalar-gate kernels. No
+# fwd_fused: its per-channel walk is not measured, so the forward is fwd_h + fwd_o. Shared-memory models as
+# chunk_delta's plus the fp32 G tiles (the model counts them at the input dtype: `fla-gen aot` checks the real
+# size); warps are the 4-warp default, not measured.
+# bwd_wy's dk loop keeps several [BT, BK] fp32 tiles (X, exp(G), k, the two parts of dk) live.
+_CHANNEL_WY_WARPS = tuple(
+    ArchRule(a, 8, "8 warps: at 4 the mma.sync build spills 324 B on sm80 (head dim 128) and 8-52 B on sm89 (head "
+                   "dim 64), at 8 none on sm80 and 0-16 B on sm89 (fla-gen aot, bf16; sm86 taken as sm89)")
+    for a in ("sm80", "sm86", "sm89"))
+_CHANNEL_DELTA = Algorithm(
+    "chunk_delta_channel", "kernels/chunk_delta.jinja",
+    (_CUMSUM, _CHANNEL_A,
+     # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
+     KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+     # sm100 (no wgmma): the per-channel k^T factors [K, BT] in fp32 beside the state tile
+     KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
+                 small_grid_split=WHOLE_K_GRID_SPLIT,
+                 warps=(ArchRule("sm100", 8, "8 warps: at 4 the head-dim-128 walk spills 156-164 B on sm100 (32-44 "
+                                             "B at the split tiles), at 8 none (4-8 B split; fla-gen aot, bf16)"),)),
+     KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+     KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                 (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
+                 max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
+     KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
+     KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
+     _CHANNEL_DQK_INTRA,
+     # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
+     KernelShape("bwd_dqkg", (), pipelined=False)),
+    chunked=True)
+
 
 class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
@@ -356,7 +391,9 @@ def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:
 def select_algorithms(rec: Recurrence | KernelFeatures) -> tuple[Algorithm, Algorithm]:
     """The (chunk, fused recurrent) algorithms for a recurrence's kernel features."""
     features = kernel_features(rec)
-    chunk = ALGORITHMS[CHUNK_ALGORITHM[features.family]]
+    # the delta rule on a per-channel decayed state: chunk_delta's template with its per-channel kernels
+    channel_delta = features.delta and features.channel_decay
+    chunk = _CHANNEL_DELTA if channel_delta else ALGORITHMS[CHUNK_ALGORITHM[features.family]]
     if not features.any_decay:
         chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
     return chunk, ALGORITHMS[RECURRENT_ALGORITHM[features.rank1]]

@@ -40,7 +40,7 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.package == path.stem
-    expected = {"dplr": RankOne.GENERAL, "rwkv7": RankOne.GENERAL}
+    expected = {"dplr": RankOne.GENERAL, "rwkv7": RankOne.GENERAL, "kda": RankOne.GENERAL}
     assert lower(rec).features.rank1 == expected.get(path.stem,
                                                      RankOne.DELTA if "delta" in path.stem else RankOne.NONE)
 
