@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+from dataclasses import replace
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecErrorFactory
-from fla_gen.ir import Apply, CheckedSpec, InputInfo, Lit, Node, ParamInfo, Ref, TransformInfo, Ty, widest
+from fla_gen.ir import (
+    Apply,
+    CheckedSpec,
+    FlagInfo,
+    InputInfo,
+    Lit,
+    Node,
+    OptionInfo,
+    ParamInfo,
+    Ref,
+    TransformInfo,
+    Ty,
+    widest,
+)
 
 LAYOUT_DIMS = ("B", "T", "H")
 # Elementwise functions: name → arity. Their result has the type of their argument.
@@ -19,6 +33,11 @@ ROPE_OPTIONS = ("style", "rotary_dim", "base")
 # Functions with their own typing rules below.
 STRUCTURAL = {"outer": 2, "diag": 1}
 BINARY_FN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", "**": "pow"}
+# The keyword arguments every generated op already has: an `option` cannot redeclare them.
+OP_KEYWORDS = ("initial_state", "output_final_state", "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound",
+               "seqlen_offsets")
+# `option` values written as names, and what they mean in Python.
+OPTION_WORDS = {"true": True, "false": False, "none": None}
 
 
 def _did_you_mean(name: str, candidates) -> str:
@@ -69,7 +88,13 @@ class _Checker:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
                                "declare optional inputs (with '= 0') last, as Python arguments with defaults")
         params = tuple(self._param(s) for s in stmts if isinstance(s, S.ParamDecl))
+        flags = tuple(self._flag(s) for s in stmts if isinstance(s, S.FlagDecl))
+        options = tuple(self._option(s) for s in stmts if isinstance(s, S.OptionDecl))
         transforms = self._transforms(stmts)
+        for f in flags:
+            if not any(tr.guard == f.name for tr in transforms):
+                raise self.err(f.pos, f"'{f.name}' is declared but guards no transform",
+                               f"add ' if {f.name}' after a 'transform' line, or remove the param")
 
         updates = []
         for s in stmts:
@@ -112,6 +137,7 @@ class _Checker:
             op=ops[0].name, package=packages[0].name if packages else ops[0].name, inputs=inputs,
             state_name=state.name, key_dim=key_dim, value_dim=value_dim,
             params=params, updates=tuple(updates), output_name=out_stmt.name, output=out, transforms=transforms,
+            flags=flags, options=options,
         )
 
     # ----------------------------------------------------------------- transforms
@@ -137,8 +163,9 @@ class _Checker:
                 if self.inputs[name].optional:
                     raise self.err(p, f"'{name}' is optional ('= 0'); a transformed input must be given",
                                    f"drop '= 0' from the declaration of '{name}'")
+            guard = self._guard(s)
             if isinstance(s.expr, S.Call) and s.expr.func == "rope":
-                info = self._rope(s)
+                info = replace(self._rope(s), guard=guard)
                 for name, p in zip(s.targets, s.target_pos, strict=True):
                     if name in roped:
                         raise self.err(p, f"'{name}' is rotated twice; one rope per input")
@@ -158,8 +185,41 @@ class _Checker:
             if node.ty.dims != want.dims:
                 raise self.err(s.expr.pos, f"the transform of '{target}' has type {node.ty.show()}, expected "
                                            f"{want.show()} (the shape of '{target}')")
-            out.append(TransformInfo("map", (target,), node, s.pos))
+            out.append(TransformInfo("map", (target,), node, s.pos, guard=guard))
         return tuple(out)
+
+    def _guard(self, s: S.Transform) -> str | None:
+        """The flag named after ``if`` in a transform line, checked to be a declared boolean param."""
+        if s.guard is None:
+            return None
+        ref = self.names.get(s.guard)
+        if ref is None or ref.role != "flag":
+            what = "not declared" if ref is None else f"a {ref.role}, not a boolean param"
+            flags = [n for n, r in self.names.items() if r.role == "flag"]
+            raise self.err(s.guard_pos, f"the transform's guard '{s.guard}' is {what}",
+                           _did_you_mean(s.guard, flags) or f"declare it with 'param {s.guard}: bool = false'")
+        return s.guard
+
+    def _flag(self, s: S.FlagDecl) -> FlagInfo:
+        if s.type_name != "bool":
+            raise self.err(s.type_pos, f"param '{s.name}' has type '{s.type_name}'; the only param type is 'bool'",
+                           f"a number param is written without a type: 'param {s.name} = 1.0'")
+        if s.value not in ("true", "false"):
+            raise self.err(s.value_pos, f"a bool param's default is 'true' or 'false', got '{s.value}'")
+        self._declare(s.name, Ref(s.name, "flag", Ty((), "param"), s.pos), s.pos)
+        return FlagInfo(s.name, s.value == "true", s.pos)
+
+    def _option(self, s: S.OptionDecl) -> OptionInfo:
+        if s.name in OP_KEYWORDS:
+            raise self.err(s.pos, f"'{s.name}' is an argument of every generated op; an option cannot redeclare it")
+        value = s.value
+        if isinstance(value, str):
+            if value not in OPTION_WORDS:
+                raise self.err(s.value_pos, f"option '{s.name}' = '{value}': an option's value is true, false, "
+                                            f"none or a number")
+            value = OPTION_WORDS[value]
+        self._declare(s.name, Ref(s.name, "option", Ty((), "const"), s.pos), s.pos)
+        return OptionInfo(s.name, value, s.pos)
 
     def _rope(self, s: S.Transform) -> TransformInfo:
         call = s.expr
@@ -283,6 +343,10 @@ class _Checker:
                 hint = _did_you_mean(e.id, [n for n, r in self.names.items() if r.role != "dim"])
                 raise self.err(e.pos, f"unknown name '{e.id}'", hint or "declare it with 'input' or 'param'")
             ref = self.names[e.id]
+            if ref.role in ("flag", "option"):
+                use = f"a transform's guard: '... if {e.id}'" if ref.role == "flag" else "only a keyword of the ops"
+                raise self.err(e.pos, f"'{e.id}' is a {'boolean param' if ref.role == 'flag' else 'option'}, "
+                                      f"not a value; it is {use}")
             if self.transform_target is not None and ref.name != self.transform_target:
                 info = self.inputs.get(ref.name)
                 if info is None or info.per_token or info.dims != ("H",):

@@ -129,7 +129,10 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     transforms = [t for t in rec.spec.transforms if name in t.targets]
     reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
              and _reads(t.expr, name)]
-    if transforms:
+    if transforms and all(t.guard for t in transforms):
+        when = " or ".join(sorted({t.guard for t in transforms}))
+        roles[name] = f"{roles.get(name, 'input')}; transformed first when {when} (see above)"
+    elif transforms:
         roles[name] = f"{roles.get(name, 'input')}, raw: the spec transforms it first (see above)"
     elif reads:
         roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
@@ -137,6 +140,29 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
+
+
+def _flag_doc(rec: Recurrence, flag: str) -> list[str]:
+    """What a flag switches on: the transform lines it guards, as written in the spec."""
+    src = rec.spec.source.splitlines()
+    return [src[t.pos.line - 1].split("#")[0].strip().removeprefix("transform ").rsplit(" if ", 1)[0]
+            for t in rec.spec.transforms if t.guard == flag]
+
+
+def _option_code(value: bool | float | None) -> str:
+    """Python code of an option's value: None, True, False or a number (an int when whole)."""
+    if isinstance(value, float) and value == int(value):
+        return str(int(value))
+    return repr(value)
+
+
+def _option_type(value: bool | float | None) -> str:
+    """The annotation of an option's keyword."""
+    if value is None:
+        return "object"
+    if isinstance(value, bool):
+        return "bool"
+    return "int" if value == int(value) else "float"
 
 
 def _reads(n: Node, name: str) -> bool:
@@ -163,6 +189,11 @@ def _common_context(rec: Recurrence) -> dict:
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })
     return {
+        "flags": [{"name": f.name, "default": f.default,
+                   "doc": "; ".join(_flag_doc(rec, f.name))} for f in spec.flags],
+        "options": [{"name": o.name, "value": _option_code(o.value),
+                     "type": _option_type(o.value)}
+                    for o in spec.options],
         "version": __version__,
         "spec_path": Path(spec.path).as_posix(),
         "spec_hash": spec.source_hash,
@@ -324,7 +355,16 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
-    lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    if not t.flags:
+        lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+        return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
+    flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
+    call = f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))"
+    if all(tr.guard for tr in rec.spec.transforms):
+        # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
+        lines += [f"if {' or '.join(t.flags)}:", "    " + call]
+    else:
+        lines.append(call)
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 

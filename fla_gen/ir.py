@@ -91,6 +91,24 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
+class FlagInfo:
+    """A boolean call-time param (``param NAME: bool = false``): it switches the transforms it guards."""
+
+    name: str
+    default: bool
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """``option NAME = value``: a keyword the ops accept with only ``value`` (a bool, None or a number)."""
+
+    name: str
+    value: bool | float | None
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class TransformInfo:
     """One ``transform`` line: per-token inputs rebound before the recurrence reads them.
 
@@ -100,6 +118,7 @@ class TransformInfo:
     ``style`` ``neox`` (rotate halves) or ``interleaved`` (rotate pairs), the first ``rotary_dim``
     channels rotate (a scalar of head dims and numbers), the rest pass through; ``base`` the
     frequency base (inverse frequencies base^(-2i/rotary_dim), Su et al., 2021).
+    ``guard``: the flag (a boolean param) that switches the line on at call time; None: always on.
     """
 
     kind: str
@@ -109,6 +128,7 @@ class TransformInfo:
     style: str = "neox"
     rotary_dim: Node | None = None
     base: float = 10000.0
+    guard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +149,8 @@ class CheckedSpec:
     output_name: str
     output: Node
     transforms: tuple[TransformInfo, ...] = ()
+    flags: tuple[FlagInfo, ...] = ()
+    options: tuple[OptionInfo, ...] = ()
 
     def input(self, name: str) -> InputInfo:
         return next(i for i in self.inputs if i.name == name)

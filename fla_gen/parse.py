@@ -40,6 +40,8 @@ _TERMINAL_WORDS = {
     "UPDATE": "'update'",
     "OUTPUT": "'output'",
     "TRANSFORM": "'transform'",
+    "IF": "'if'",
+    "OPTION": "'option'",
 }
 
 
@@ -94,6 +96,19 @@ class _ToSyntax(Transformer):
     def param_decl(self, meta, items):
         return S.ParamDecl(str(items[0]), items[1], _pos(meta))
 
+    def flag_decl(self, meta, items):
+        name, type_name, value = items
+        return S.FlagDecl(str(name), str(type_name), str(value), _pos(meta), _pos(type_name), _pos(value))
+
+    def option_decl(self, meta, items):
+        name, value = items
+        if isinstance(value, Token):
+            return S.OptionDecl(str(name), str(value), _pos(meta), _pos(value))
+        return S.OptionDecl(str(name), value, _pos(meta), _pos(name))
+
+    def guard(self, meta, items):
+        return items[0]
+
     def update(self, meta, items):
         return S.Update(str(items[0]), items[1], _pos(meta))
 
@@ -101,8 +116,12 @@ class _ToSyntax(Transformer):
         return S.Output(str(items[0]), items[1], _pos(meta))
 
     def transform_decl(self, meta, items):
+        # a trailing guard arrives as the NAME token that the `guard` rule returns, after the expression
+        guard = items.pop() if len(items) > 2 and isinstance(items[-1], Token) and not isinstance(items[-2], Token) \
+            else None
         names = items[:-1]
-        return S.Transform(tuple(str(n) for n in names), tuple(_pos(n) for n in names), items[-1], _pos(meta))
+        return S.Transform(tuple(str(n) for n in names), tuple(_pos(n) for n in names), items[-1], _pos(meta),
+                           None if guard is None else str(guard), None if guard is None else _pos(guard))
 
     def kwarg(self, meta, items):
         return S.Kwarg(str(items[0]), items[1], _pos(items[0]))

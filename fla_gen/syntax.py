@@ -90,6 +90,30 @@ class ParamDecl:
 
 
 @dataclass(frozen=True)
+class FlagDecl:
+    """``param NAME: TYPE = VALUE``: a call-time switch (``TYPE`` must be ``bool``, ``VALUE`` ``true`` or
+    ``false``; the checker says so) that guards ``transform ... if NAME`` lines."""
+
+    name: str
+    type_name: str
+    value: str
+    pos: Pos
+    type_pos: Pos
+    value_pos: Pos
+
+
+@dataclass(frozen=True)
+class OptionDecl:
+    """``option NAME = VALUE``: a keyword argument the ops accept with only this value (``true``,
+    ``false``, ``none`` or a number); any other value is refused at call time."""
+
+    name: str
+    value: str | float
+    pos: Pos
+    value_pos: Pos
+
+
+@dataclass(frozen=True)
 class Update:
     target: str
     expr: Expr
@@ -112,6 +136,8 @@ class Transform:
     target_pos: tuple[Pos, ...]
     expr: Expr
     pos: Pos
+    guard: str | None = None  # ``... if NAME``: the flag that switches the line on
+    guard_pos: Pos | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +154,8 @@ class PackageDecl:
     pos: Pos
 
 
-Statement = OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | Transform | Update | Output
+Statement = (OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | FlagDecl | OptionDecl | Transform | Update
+             | Output)
 
 
 @dataclass(frozen=True)

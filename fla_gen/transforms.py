@@ -48,6 +48,10 @@ class Layout:
         """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
         return f"tl.gather({x}, {idx}, axis={self.axis})"
 
+    def zero(self) -> str:
+        """Code of a per-row fp32 zero (the gradient of a per-head input a switched-off transform reads)."""
+        return "tl.zeros([BR, 1], dtype=tl.float32)" if self.keep_dims else "0.0"
+
 
 TILE = Layout(axis=1, keep_dims=True)
 ROW = Layout(axis=0, keep_dims=False)
@@ -94,6 +98,8 @@ class TransformKernel:
     fp32_outputs: tuple[str, ...]  # targets stored as float32 (log gates)
     row_fwd: tuple[str, ...]
     bwd_fwd: tuple[str, ...]
+    # the flags that guard transforms, in declaration order: constexpr kernel arguments flag_<name>
+    flags: tuple[str, ...] = ()
 
 
 # Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
@@ -123,13 +129,46 @@ class _Lowering:
         # vectors loaded straight from a kernel argument: var -> (pointer, head dim letter); a rope of one
         # reads its partner channels with a second load instead of a tl.gather (rope_partner)
         self.loaded: dict[str, tuple[str, str]] = {}
+        # while lowering a guarded transform line: its flag, and the vars created under it
+        self.guard: str | None = None
+        self.guarded: dict[str, str] = {}  # var -> the flag it was computed under
 
     def new(self, code: str, shape: str) -> str:
         v = f"t{self.n}"
         self.n += 1
         self.lines.append(f"{v} = {code}")
         self.shape[v] = shape
+        if self.guard is not None:
+            self.guarded[v] = self.guard
         return v
+
+    def guarded_line(self, tr: TransformInfo, lower_line) -> None:
+        """Lower one transform line under ``if flag_<guard>:`` (a constexpr kernel argument): the branch
+        computes the targets' new values, the else branch keeps the old ones, both into fresh vars, and a
+        ``guard`` tape entry lets :meth:`backward` put the line's vector-Jacobian products under the same
+        branch."""
+        prevs = {t: self.current[t] for t in tr.targets}
+        first_line, first_entry = len(self.lines), len(self.tape)
+        self.guard = tr.guard
+        try:
+            lower_line()
+        finally:
+            self.guard = None
+        body = self.lines[first_line:]
+        del self.lines[first_line:]
+        results = {t: self.current[t] for t in tr.targets}
+        sels = {}
+        for t in tr.targets:
+            sels[t] = f"t{self.n}"
+            self.n += 1
+            self.shape[sels[t]] = self.shape[prevs[t]]
+        self.lines.append(f"if flag_{tr.guard}:")
+        self.lines += ["    " + ln for ln in body] + [f"    {sels[t]} = {results[t]}" for t in tr.targets]
+        self.lines.append("else:")
+        self.lines += [f"    {sels[t]} = {prevs[t]}" for t in tr.targets]
+        self.tape.append((sels[tr.targets[0]], "guard", tuple(prevs[t] for t in tr.targets),
+                          {"flag": tr.guard, "first": first_entry, "sels": sels, "results": results, "prevs": prevs}))
+        self.current.update(sels)
 
     def record(self, fn: str, args: tuple[str, ...], code: str, shape: str, **extra) -> str:
         v = self.new(code, shape)
@@ -142,6 +181,9 @@ class _Lowering:
         if isinstance(n, Ref):
             if n.name in self.current:
                 return self.current[n.name]
+            if n.name in self.heads and self.guarded.get(self.heads[n.name], self.guard) != self.guard:
+                raise ValueError(f"'{n.name}' is read by transforms under different guards (in {self.rec.spec.op}); "
+                                 f"the fused transform kernels load a per-head input under one guard only")
             if n.name not in self.heads:
                 self.heads[n.name] = self.new(f"tl.load(p_{n.name} + i_h).to(tl.float32)", "")
             return self.heads[n.name]
@@ -194,11 +236,12 @@ class _Lowering:
         """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
         out: list[str] = []
         k = [0]
+        indent = [""]
 
         def fresh(code: str) -> str:
             v = f"d{k[0]}"
             k[0] += 1
-            out.append(f"{v} = {code}")
+            out.append(f"{indent[0]}{v} = {code}")
             return v
 
         def add(var: str, contrib: str, from_shape: str) -> None:
@@ -208,9 +251,40 @@ class _Lowering:
                 contrib = self.layout.sum(contrib)
             adj[var] = fresh(f"{adj[var]} + {contrib}" if var in adj else contrib)
 
-        for v, fn, args, extra in reversed(self.tape):
+        def guard(extra: dict, segment: list) -> None:
+            """The VJPs of a guarded line under its flag; with the flag off each target's gradient passes
+            to its old value, and per-head inputs the line reads get zero."""
+            live = [t for t, sel in extra["sels"].items() if sel in adj]
+            if not live:
+                return
+            before = dict(adj)
+            out.append(f"{indent[0]}if flag_{extra['flag']}:")
+            indent[0] += "    "
+            for t in live:
+                add(extra["results"][t], adj[extra["sels"][t]], self.shape[extra["sels"][t]])
+            for entry in reversed(segment):
+                step(*entry)
+            joined = {}
+            for t in live:  # one name per old value, assigned in both branches
+                p = extra["prevs"][t]
+                joined[p] = f"d{k[0]}"
+                k[0] += 1
+                out.append(f"{indent[0]}{joined[p]} = {adj.get(p, self.layout.zero())}")
+            indent[0] = indent[0][:-4]
+            out.append(f"{indent[0]}else:")
+            for t in live:
+                p, dy = extra["prevs"][t], before[extra["sels"][t]]
+                out.append(f"{indent[0]}    {joined[p]} = {before[p] + ' + ' if p in before else ''}{dy}")
+            for var, name in adj.items():  # per-head inputs: zero (or their earlier gradient) with the flag off
+                if var not in joined and before.get(var) != name and var not in self.guarded:
+                    out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero())}")
+                elif var in self.guarded and var in self.heads.values():
+                    out.append(f"{indent[0]}    {name} = {self.layout.zero()}")
+            adj.update(joined)
+
+        def step(v, fn, args, extra) -> None:
             if v not in adj:
-                continue
+                return
             dy, s = adj[v], self.shape[v]
             a = args[0]
             if fn == "add":
@@ -242,6 +316,16 @@ class _Lowering:
                     add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
+
+        i = len(self.tape)
+        while i > 0:
+            i -= 1
+            v, fn, args, extra = self.tape[i]
+            if fn == "guard":
+                guard(extra, self.tape[extra["first"]:i])
+                i = extra["first"]
+            else:
+                step(v, fn, args, extra)
         return out
 
 
@@ -323,7 +407,8 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         if shape and input_partners:
             low.loaded[raw[name]] = (f"x_{name}", shape)
     ropes = []
-    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+
+    def lower_line(tr: TransformInfo) -> None:
         if tr.kind == "rope":
             j = len(ropes)
             from fla_gen.emit import render_scalar  # emit imports this module
@@ -340,6 +425,12 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         else:
             (t,) = tr.targets
             low.current[t] = low.lower(tr.expr)
+
+    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+        if tr.guard is None:
+            lower_line(tr)
+        else:
+            low.guarded_line(tr, lambda tr=tr: lower_line(tr))
     outs = {name: low.current[name] for name, _ in targets}
     fwd = tuple(low.lines)
     grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(targets)}
@@ -364,6 +455,7 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         op=spec.op, targets=tuple(targets), heads=tuple(low.heads), dims=dims, ropes=tuple(ropes), fwd=fwd, raw=raw,
         outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs), row_fwd=(), bwd_fwd=(),
+        flags=tuple(f.name for f in spec.flags),
     )
 
 
@@ -385,7 +477,7 @@ def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineT
     """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
     recurrent forward kernels), or None when they cannot be inlined: a transformed V vector (those
     kernels tile V) or a transformed input the kernel does not take."""
-    if t is None or any(d == "V" for _, d in t.targets):
+    if t is None or any(d == "V" for _, d in t.targets) or t.flags:
         return None
     role_of = dict(zip(bound.inputs, bound.names, strict=True))
     if any(name not in role_of for name, _ in t.targets):

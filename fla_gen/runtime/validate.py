@@ -223,3 +223,28 @@ def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch
     if not lowest >= bound:
         raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "
                          f"pass a bound that holds for every token, or none")
+
+
+def validate_flags(op: str, flags: tuple[tuple[str, object], ...]) -> None:
+    """Check the op's boolean params (the switches of guarded transforms): each must be a bool."""
+    for name, value in flags:
+        if not isinstance(value, bool):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+
+
+def validate_options(op: str, options: tuple[tuple[str, object, object], ...]) -> None:
+    """Check keywords the op accepts with one supported value (a spec's ``option NAME = value`` lines):
+    (name, given, supported). Anything but the supported value is refused, never ignored."""
+    for name, value, supported in options:
+        if supported is None:
+            ok = value is None
+        elif isinstance(supported, bool):
+            ok = isinstance(value, bool) and value == supported
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == supported
+        if not ok:
+            given = f"<a tensor of shape {_shape(value)}>" if isinstance(value, torch.Tensor) else (
+                repr(value) if value is None or isinstance(value, (bool, int, float, str)) else
+                f"<a {type(value).__name__}>")
+            raise ValueError(f"{op}: {name}={given} is not supported; this op runs only with "
+                             f"{name}={supported!r}")

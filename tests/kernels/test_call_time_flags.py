@@ -1,0 +1,115 @@
+"""Call-time flags that switch a spec's guarded transforms, in Triton's interpreter.
+
+generated.gated_delta_rule declares fla's `use_qk_l2norm_in_kernel` and `use_beta_sigmoid_in_kernel` as
+flags guarding `transform` lines. Each op is compared with the float64 reference derived from the spec
+(the same guards), and, independently of that reference, with the op on inputs transformed here in
+torch by fla's formulas (x / sqrt(sum(x^2) + 1e-6) in fp32, sigmoid). Flags off run no transform
+kernel at all. fla's other keywords (the spec's `option` lines) are refused unless they have their
+one supported value.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fla_gen.verify import TOLERANCE, compare_with_reference
+from tests.support import generated, poisoned_allocations
+
+OP = "gated_delta_rule"
+B, T, H, K, V = 2, 24, 2, 16, 16
+
+
+def raw_inputs(seed: int) -> dict:
+    """q, k unnormalized, beta as logits, g a log decay in (-inf, 0): the inputs of a call with both flags on."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "q": torch.randn(B, T, H, K, generator=gen),
+        "k": torch.randn(B, T, H, K, generator=gen),
+        "v": torch.randn(B, T, H, V, generator=gen),
+        "g": F.logsigmoid(torch.randn(B, T, H, generator=gen)),
+        "beta": torch.randn(B, T, H, generator=gen),
+    }
+
+
+def fla_l2norm(x: torch.Tensor) -> torch.Tensor:
+    """fla's l2norm (fla/modules/l2norm.py): x / sqrt(sum(x^2) + 1e-6), in fp32."""
+    x32 = x.float()
+    return (x32 / torch.sqrt((x32 * x32).sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("l2norm,sigmoid", [(True, True), (True, False), (False, True)])
+def test_flags_match_reference(mode, l2norm, sigmoid):
+    pkg = generated(OP)
+    x = raw_inputs(seed=3)
+    if not l2norm:  # the recurrence needs unit keys: with the flag off, give them normalized
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+    if not sigmoid:
+        x["beta"] = torch.sigmoid(x["beta"])
+    flags = {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": sigmoid}
+    result = compare_with_reference(getattr(pkg, f"{mode}_{OP}"), getattr(pkg, f"{OP}_reference"),
+                                    {**x, "initial_state": torch.randn(B, H, K, V)}, torch.float32,
+                                    name=f"{mode}_{OP}", guard=poisoned_allocations, **flags)
+    assert not result.failures(), f"over tolerance {result.failures()} (all {result.errors})"
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_flags_equal_torch_transforms_then_plain_op(mode):
+    """Independent of the derived reference: flags on == fla's formulas applied in torch, flags off;
+    outputs and the gradients of the raw q, k, beta."""
+    fn = getattr(generated(OP), f"{mode}_{OP}")
+    x = raw_inputs(seed=5)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    twins = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    o, ht = fn(*leaves.values(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+               use_beta_sigmoid_in_kernel=True)
+    o2, ht2 = fn(fla_l2norm(twins["q"]), fla_l2norm(twins["k"]), twins["v"], twins["g"],
+                 torch.sigmoid(twins["beta"]), output_final_state=True)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad((o * do).sum() + ht.sum(), list(leaves.values()))
+    grads2 = torch.autograd.grad((o2 * do).sum() + ht2.sum(), list(twins.values()))
+    tol_fwd, tol_grad = TOLERANCE[torch.float32]
+    assert (o - o2).norm() <= tol_fwd * o2.norm()
+    assert (ht - ht2).norm() <= tol_fwd * ht2.norm()
+    for name, a, b in zip(leaves, grads, grads2, strict=True):
+        assert (a - b).norm() <= tol_grad * b.norm(), f"d{name}"
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_flags_off_run_no_transform_pass(mode, monkeypatch):
+    module = getattr(generated(OP), "chunk" if mode == "chunk" else "fused_recurrent")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the transform pass ran with every flag off")
+
+    monkeypatch.setattr(module, f"{OP}_transforms", forbidden)
+    x = raw_inputs(seed=1)
+    x["q"], x["k"], x["beta"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1), torch.sigmoid(x["beta"])
+    o, _ = getattr(module, f"{mode}_{OP}")(*x.values())
+    ref, _ = generated(OP).gated_delta_rule_reference(*(t.double() for t in x.values()))
+    assert (o.double() - ref).norm() <= 1e-4 * ref.norm()
+    with pytest.raises(AssertionError, match="transform pass ran"):
+        getattr(module, f"{mode}_{OP}")(*x.values(), use_qk_l2norm_in_kernel=True)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("name,value", [
+    ("use_gate_in_kernel", True), ("A_log", torch.zeros(H)), ("dt_bias", torch.zeros(H)),
+    ("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("head_first", True),
+    ("chunk_indices", torch.zeros(2, 2, dtype=torch.int64)), ("chunk_size", 32), ("cp_context", object()),
+    ("gk", torch.zeros(B, T, H, K)), ("gv", torch.zeros(B, T, H, V)), ("chunk_size", True),
+])
+def test_unsupported_fla_keywords_are_refused(mode, name, value):
+    x = raw_inputs(seed=0)
+    with pytest.raises(ValueError, match=f"{name}=.* is not supported"):
+        getattr(generated(OP), f"{mode}_{OP}")(*x.values(), **{name: value})
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_flag_must_be_bool_and_unknown_keywords_fail(mode):
+    fn = getattr(generated(OP), f"{mode}_{OP}")
+    x = raw_inputs(seed=0)
+    with pytest.raises(TypeError, match="use_qk_l2norm_in_kernel must be a bool, got int"):
+        fn(*x.values(), use_qk_l2norm_in_kernel=1)
+    with pytest.raises(TypeError, match="use_qk_l2norm"):
+        fn(*x.values(), use_qk_l2norm=True)  # a misspelt keyword is not swallowed
