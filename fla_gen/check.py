@@ -345,7 +345,7 @@ class _Checker:
             ref = self.names[e.id]
             if ref.role in ("flag", "option"):
                 use = f"a transform's guard: '... if {e.id}'" if ref.role == "flag" else "only a keyword of the ops"
-                raise self.err(e.pos, f"'{e.id}' is a {'boolean param' if ref.role == 'flag' else 'option'}, "
+                raise self.err(e.pos, f"'{e.id}' is {'a boolean param' if ref.role == 'flag' else 'an option'}, "
                                       f"not a value; it is {use}")
             if self.transform_target is not None and ref.name != self.transform_target:
                 info = self.inputs.get(ref.name)
