@@ -14,7 +14,10 @@ reference.
 
 import functools
 import importlib.util
+import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -25,6 +28,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as torch_path
 import generated.gated_delta_rule as gdn
 from fla_gen.fla_compat import as_fla_module
 from fla_gen.sample import relative_error
+from tests.support import REPO_ROOT
 
 # (H, HV): q/k heads and value heads. Qwen3-Next runs HV = 2 H (grouped value heads); that case needs the
 # DSL's grouped heads in specs/gated_delta_rule.fla. Set GROUPED_VALUE_HEADS = True once the spec declares
@@ -162,3 +166,28 @@ def test_reference_matches_transformers_torch_functions(H, HV, theirs):
     assert relative_error(o_t, o_r) < 1e-5 and relative_error(s_t, s_r) < 1e-5
     errors = {f"d{n}": relative_error(a, b) for n, a, b in zip(x, g_t, g_r, strict=True)}
     assert all(e < 1e-5 for e in errors.values()), errors
+
+
+def test_readme_swap_runs():
+    """The README's "Use in Hugging Face transformers" code, run as written in a fresh interpreter, calls our op."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Use in Hugging Face transformers", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    spy = textwrap.dedent("""
+        import functools
+        import generated.gated_delta_rule as _pkg
+        _calls = []
+        _op = _pkg.chunk_gated_delta_rule
+
+        @functools.wraps(_op)
+        def _counted(*args, **kwargs):
+            _calls.append(kwargs.get("use_qk_l2norm_in_kernel"))
+            return _op(*args, **kwargs)
+
+        _pkg.chunk_gated_delta_rule = _counted
+    """)
+    check = "\nassert _calls == [True], _calls\nassert all(p.grad is not None for p in layer.parameters())\n"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    run = subprocess.run([sys.executable, "-c", spy + code + check], cwd=REPO_ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
