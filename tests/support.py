@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -70,3 +72,21 @@ def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: 
     return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                   {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                   name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
+def import_with_fla(module_name: str, fla):
+    """A fresh copy of ``module_name`` imported while ``fla`` stands in for flash-linear-attention."""
+    spec = importlib.util.find_spec(module_name)
+    copy = importlib.util.spec_from_file_location(f"{module_name}_on_fla_gen", spec.origin)
+    module = importlib.util.module_from_spec(copy)
+    sys.modules[copy.name] = module  # transformers reads its classes' source through sys.modules
+    saved = sys.modules.get("fla")
+    sys.modules["fla"] = fla
+    try:
+        copy.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = saved
+    return module

@@ -28,7 +28,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as torch_path
 import generated.gated_delta_rule as gdn
 from fla_gen.fla_compat import as_fla_module
 from fla_gen.sample import relative_error
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, import_with_fla
 
 # (H, HV): q/k heads and value heads. Qwen3-Next runs HV = 2 H (grouped value heads); that case needs the
 # DSL's grouped heads in specs/gated_delta_rule.fla. Set GROUPED_VALUE_HEADS = True once the spec declares
@@ -46,24 +46,6 @@ def tiny_config(H: int, HV: int) -> Qwen3NextConfig:
         linear_value_head_dim=HEAD_DIM, num_hidden_layers=1, layer_types=["linear_attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM, intermediate_size=64, vocab_size=32,
     )
-
-
-def import_with_fla(module_name: str, fla):
-    """A fresh copy of ``module_name`` imported while ``fla`` stands in for flash-linear-attention."""
-    spec = importlib.util.find_spec(module_name)
-    copy = importlib.util.spec_from_file_location(f"{module_name}_on_fla_gen", spec.origin)
-    module = importlib.util.module_from_spec(copy)
-    sys.modules[copy.name] = module  # transformers reads its classes' source through sys.modules
-    saved = sys.modules.get("fla")
-    sys.modules["fla"] = fla
-    try:
-        copy.loader.exec_module(module)
-    finally:
-        if saved is None:
-            del sys.modules["fla"]
-        else:
-            sys.modules["fla"] = saved
-    return module
 
 
 @pytest.fixture(scope="module")
