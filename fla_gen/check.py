@@ -51,8 +51,9 @@ class _Checker:
         self.err = SpecErrorFactory(spec.path, spec.source)
         self.names: dict[str, Ref] = {}
         self.inputs: dict[str, InputInfo] = {}
-        # While checking a transform: the input it rebinds (the only per-token value it may read).
+        # While checking a transform: the input it rebinds (the only per-token value it may read), and its guard.
         self.transform_target: str | None = None
+        self.transform_guard: str | None = None
 
     # ----------------------------------------------------------------- declarations
     def run(self) -> CheckedSpec:
@@ -82,13 +83,15 @@ class _Checker:
         for d in (key_dim, value_dim):
             self.names.setdefault(d, Ref(d, "dim", Ty((), "const"), state.pos))
 
-        inputs = tuple(self._input(s, key_dim, value_dim) for s in stmts if isinstance(s, S.InputDecl))
+        flags = tuple(self._flag(s) for s in stmts if isinstance(s, S.FlagDecl))
+        declared = tuple(self._input(s, key_dim, value_dim) for s in stmts if isinstance(s, S.InputDecl))
+        inputs = tuple(i for i in declared if i.guard is None)
+        guarded_inputs = tuple(i for i in declared if i.guard is not None)
         for earlier, later in zip(inputs, inputs[1:], strict=False):
             if earlier.optional and not later.optional:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
                                "declare optional inputs (with '= 0') last, as Python arguments with defaults")
         params = tuple(self._param(s) for s in stmts if isinstance(s, S.ParamDecl))
-        flags = tuple(self._flag(s) for s in stmts if isinstance(s, S.FlagDecl))
         options = tuple(self._option(s) for s in stmts if isinstance(s, S.OptionDecl))
         transforms = self._transforms(stmts)
         for f in flags:
@@ -129,7 +132,7 @@ class _Checker:
             raise self.err(out_stmt.expr.pos, f"the output has type {out.ty.show()}, expected [{value_dim}] "
                                               f"(one value vector per token)",
                            f"e.g. 'output {out_stmt.name} = scale * {state.name}^T @ q'")
-        self._check_all_used(inputs, params, updates, out, transforms)
+        self._check_all_used((*inputs, *guarded_inputs), params, updates, out, transforms)
         text = self.spec.source.replace("\r\n", "\n")
         return CheckedSpec(
             path=self.spec.path, source=self.spec.source,
@@ -137,7 +140,7 @@ class _Checker:
             op=ops[0].name, package=packages[0].name if packages else ops[0].name, inputs=inputs,
             state_name=state.name, key_dim=key_dim, value_dim=value_dim,
             params=params, updates=tuple(updates), output_name=out_stmt.name, output=out, transforms=transforms,
-            flags=flags, options=options,
+            flags=flags, options=options, guarded_inputs=guarded_inputs,
         )
 
     # ----------------------------------------------------------------- transforms
@@ -176,11 +179,11 @@ class _Checker:
                 raise self.err(s.target_pos[1], "only rope(...) transforms several inputs at once",
                                f"write one 'transform {s.targets[0]} = ...' line per input")
             target = s.targets[0]
-            self.transform_target = target
+            self.transform_target, self.transform_guard = target, guard
             try:
                 node = self.expr(s.expr)
             finally:
-                self.transform_target = None
+                self.transform_target = self.transform_guard = None
             want = self.inputs[target].ty
             if node.ty.dims != want.dims:
                 raise self.err(s.expr.pos, f"the transform of '{target}' has type {node.ty.show()}, expected "
@@ -319,7 +322,17 @@ class _Checker:
         if s.default is not None and s.default != 0.0:
             raise self.err(s.pos, f"input '{s.name}' has default {s.default:g}; only '= 0' (absent means zeros) "
                                   f"is supported")
-        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos)
+        if s.guard is not None:
+            ref = self.names.get(s.guard)
+            if ref is None or ref.role != "flag":
+                flags = [n for n, r in self.names.items() if r.role == "flag"]
+                raise self.err(s.guard_pos, f"input '{s.name}' is guarded by '{s.guard}', which is not a declared "
+                                            f"boolean param", _did_you_mean(s.guard, flags)
+                               or f"declare it with 'param {s.guard}: bool = false'")
+            if per_token or rest:
+                raise self.err(s.pos, f"a guarded input is a per-head [H] parameter of a transform; '{s.name}' is "
+                                      f"[{', '.join(dims)}]")
+        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos, s.guard)
         if s.name in LAYOUT_DIMS:
             raise self.err(s.pos, f"'{s.name}' is a layout dim and cannot name an input")
         self._declare(s.name, Ref(s.name, "input", info.ty, s.pos), s.pos)
@@ -343,6 +356,9 @@ class _Checker:
                 hint = _did_you_mean(e.id, [n for n, r in self.names.items() if r.role != "dim"])
                 raise self.err(e.pos, f"unknown name '{e.id}'", hint or "declare it with 'input' or 'param'")
             ref = self.names[e.id]
+            if self.transform_target is None and ref.role == "input" and self.inputs[ref.name].guard is not None:
+                raise self.err(e.pos, f"'{e.id}' is an input only when {self.inputs[ref.name].guard} is true; only "
+                                      f"transforms guarded by it read it")
             if ref.role in ("flag", "option"):
                 use = f"a transform's guard: '... if {e.id}'" if ref.role == "flag" else "only a keyword of the ops"
                 raise self.err(e.pos, f"'{e.id}' is {'a boolean param' if ref.role == 'flag' else 'an option'}, "
@@ -352,7 +368,11 @@ class _Checker:
                 if info is None or info.per_token or info.dims != ("H",):
                     raise self.err(e.pos, f"the transform of '{self.transform_target}' reads '{e.id}'; a transform "
                                           f"reads only its own input, per-head [H] inputs and numbers")
-                if info.optional:
+                if info.guard is not None and info.guard != self.transform_guard:
+                    raise self.err(e.pos, f"'{e.id}' is an input only when {info.guard} is true; only a transform "
+                                          f"guarded by '{info.guard}' can read it",
+                                   f"end the line with ' if {info.guard}'")
+                if info.optional and info.guard is None:
                     raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
             return Ref(ref.name, ref.role, ref.ty, e.pos)
         if isinstance(e, S.Neg):

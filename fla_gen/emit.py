@@ -188,7 +188,14 @@ def _common_context(rec: Recurrence) -> dict:
             "role": _arg_role(rec, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })
+    guarded_args = [{
+        "name": i.name, "guard": i.guard, "optional": i.optional,
+        "doc": (f"[H] per-head parameter of the transform of "
+                f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
+                f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),
+    } for i in spec.guarded_inputs]
     return {
+        "guarded_args": guarded_args,
         "flags": [{"name": f.name, "default": f.default,
                    "doc": "; ".join(_flag_doc(rec, f.name))} for f in spec.flags],
         "options": [{"name": o.name, "value": _option_code(o.value),
@@ -359,12 +366,16 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
         lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
         return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
     flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
-    call = f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))"
+    body = []
+    for i in rec.spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
+        body += [f"if {i.name} is None:",
+                 f"    {i.name} = torch.zeros(call.H, dtype=torch.float32, device={rec.query.input}.device)"]
+    body.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))")
     if all(tr.guard for tr in rec.spec.transforms):
         # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
-        lines += [f"if {' or '.join(t.flags)}:", "    " + call]
+        lines += [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body]
     else:
-        lines.append(call)
+        lines += body
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 

@@ -69,6 +69,8 @@ class InputInfo:
     ``per_token``: laid out ``[B, T, H, ...]`` (else ``[H, ...]``, a per-head constant);
     ``vec_dim``: its trailing head dim (``K``/``V``) or None for a scalar per token/head;
     ``optional``: declared with ``= 0`` (absent means zeros).
+    ``guard``: declared ``if FLAG``: a keyword argument (after the flags), refused when given with the flag
+    off, required with it on unless optional; kept out of ``CheckedSpec.inputs`` (``guarded_inputs``).
     """
 
     name: str
@@ -77,6 +79,7 @@ class InputInfo:
     vec_dim: str | None
     optional: bool
     pos: Pos
+    guard: str | None = None  # a keyword input that only transforms guarded by this flag read
 
     @property
     def ty(self) -> Ty:
@@ -151,9 +154,10 @@ class CheckedSpec:
     transforms: tuple[TransformInfo, ...] = ()
     flags: tuple[FlagInfo, ...] = ()
     options: tuple[OptionInfo, ...] = ()
+    guarded_inputs: tuple[InputInfo, ...] = ()
 
     def input(self, name: str) -> InputInfo:
-        return next(i for i in self.inputs if i.name == name)
+        return next(i for i in (*self.inputs, *self.guarded_inputs) if i.name == name)
 
     @property
     def transformed(self) -> tuple[str, ...]:

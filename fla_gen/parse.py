@@ -86,8 +86,10 @@ class _ToSyntax(Transformer):
 
     def input_decl(self, meta, items):
         name, (dims, dim_pos) = items[0], items[1]
+        guard = items.pop() if isinstance(items[-1], Token) and len(items) > 2 else None
         default = items[2] if len(items) > 2 else None
-        return S.InputDecl(str(name), dims, dim_pos, default, _pos(meta))
+        return S.InputDecl(str(name), dims, dim_pos, default, _pos(meta), None if guard is None else str(guard),
+                           None if guard is None else _pos(guard))
 
     def state_decl(self, meta, items):
         dims, dim_pos = items[1]

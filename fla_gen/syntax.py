@@ -63,13 +63,16 @@ Expr = Num | Name | Call | BinOp | Neg | Transpose
 
 @dataclass(frozen=True)
 class InputDecl:
-    """``input NAME: [dims] (= default)?``: a tensor argument; a default makes it optional."""
+    """``input NAME: [dims] (= default)? (if FLAG)?``: a tensor argument; a default makes it optional; a
+    guard makes it a keyword argument that only the transforms guarded by that flag read."""
 
     name: str
     dims: tuple[str, ...]
     dim_pos: tuple[Pos, ...]
     default: float | None
     pos: Pos
+    guard: str | None = None
+    guard_pos: Pos | None = None
 
 
 @dataclass(frozen=True)

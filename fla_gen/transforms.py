@@ -276,9 +276,11 @@ class _Lowering:
                 p, dy = extra["prevs"][t], before[extra["sels"][t]]
                 out.append(f"{indent[0]}    {joined[p]} = {before[p] + ' + ' if p in before else ''}{dy}")
             for var, name in adj.items():  # per-head inputs: zero (or their earlier gradient) with the flag off
-                if var not in joined and before.get(var) != name and var not in self.guarded:
+                if var in joined or before.get(var) == name:
+                    continue
+                if var not in self.guarded:
                     out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero())}")
-                elif var in self.guarded and var in self.heads.values():
+                elif var in self.heads.values():
                     out.append(f"{indent[0]}    {name} = {self.layout.zero()}")
             adj.update(joined)
 

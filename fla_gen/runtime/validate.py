@@ -248,3 +248,14 @@ def validate_options(op: str, options: tuple[tuple[str, object, object], ...]) -
                 f"<a {type(value).__name__}>")
             raise ValueError(f"{op}: {name}={given} is not supported; this op runs only with "
                              f"{name}={supported!r}")
+
+
+def validate_guarded_inputs(op: str, inputs: tuple[tuple[str, object, str, bool, bool], ...]) -> None:
+    """Check the inputs a spec declares ``if FLAG`` (read only by transforms that flag switches on):
+    (name, value, flag, flag's value, optional). Given with the flag off is refused rather than ignored;
+    absent with it on is refused unless the input is optional (zeros)."""
+    for name, value, flag, on, optional in inputs:
+        if value is not None and not on:
+            raise ValueError(f"{op}: {name} is given but {flag} is False; {name} is read only with {flag}=True")
+        if value is None and on and not optional:
+            raise ValueError(f"{op}: {name} is required when {flag}=True")

@@ -68,6 +68,15 @@ def test_options_parse_to_python_values():
     ("option head_first = false\noption head_first = false", "'head_first' is declared twice"),
     ("option q = none", "'q' is declared twice"),
     ("option strict = true\ntransform k = strict * k", "'strict' is an option, not a value"),
+    ("input A_log: [H] if gate\ntransform beta = -exp(A_log) * beta", "which is not a declared boolean param"),
+    ("param gate: bool = false\ninput A_log: [B, T, H] if gate\ntransform beta = beta if gate",
+     "a guarded input is a per-head [H] parameter"),
+    ("param gate: bool = false\ninput A_log: [H] if gate\ntransform beta = -exp(A_log) * beta",
+     "only a transform guarded by 'gate' can read it"),
+    ("param gate: bool = false\nparam other: bool = false\ninput A_log: [H] if gate\n"
+     "transform beta = -exp(A_log) * beta if other", "only a transform guarded by 'gate' can read it"),
+    ("param gate: bool = false\ninput A_log: [H] if gate\ntransform beta = beta if gate",
+     "'A_log' is declared but never used"),
 ])
 def test_bad_flags_and_options_are_spec_errors(extra, message):
     assert message in error_of(extra)
@@ -97,3 +106,15 @@ def test_generated_signature_has_flags_and_options_and_reference_applies_the_gua
     assert torch.allclose(o_on, o_off, rtol=1e-5)  # eps 1e-6 inside the root: equal to 1e-6 relative
     o_raw, _ = ref(q, k, v, beta)
     assert not torch.allclose(o_on, o_raw)
+
+
+def test_guarded_inputs_are_keywords_after_the_flags():
+    spec = checked("param gate: bool = false\ninput A_log: [H] if gate\ninput dt_bias: [H] = 0 if gate\n"
+                   "transform beta = sigmoid(beta * exp(A_log) + dt_bias) if gate")
+    assert [i.name for i in spec.inputs] == ["q", "k", "v", "beta"]
+    assert [(i.name, i.guard, i.optional) for i in spec.guarded_inputs] == [("A_log", "gate", False),
+                                                                            ("dt_bias", "gate", True)]
+    chunk = {f.path: f.text for f in emit_package(canonicalize(spec))}["guarded/chunk.py"]
+    assert ("    gate: bool = False,\n    A_log: torch.Tensor | None = None,\n"
+            "    dt_bias: torch.Tensor | None = None,\n") in chunk
+    assert '("A_log", A_log, "gate", gate, False),' in chunk

@@ -1,17 +1,18 @@
 """Call-time flags that switch a spec's guarded transforms, in Triton's interpreter.
 
-generated.gated_delta_rule declares fla's `use_qk_l2norm_in_kernel` and `use_beta_sigmoid_in_kernel` as
-flags guarding `transform` lines. Each op is compared with the float64 reference derived from the spec
-(the same guards), and, independently of that reference, with the op on inputs transformed here in
-torch by fla's formulas (x / sqrt(sum(x^2) + 1e-6) in fp32, sigmoid). Flags off run no transform
-kernel at all. fla's other keywords (the spec's `option` lines) are refused unless they have their
-one supported value.
+generated.gated_delta_rule declares fla's `use_qk_l2norm_in_kernel`, `use_beta_sigmoid_in_kernel` and
+`use_gate_in_kernel` (with the keyword inputs A_log and dt_bias) as flags guarding `transform` lines. Each
+op is compared with the float64 reference derived from the spec (the same guards), and, independently of
+that reference, with the op on inputs transformed here in torch by fla's formulas (x / sqrt(sum(x^2) +
+1e-6) in fp32, sigmoid, -exp(A_log) softplus(g + dt_bias)). Flags off run no transform kernel at all.
+fla's other keywords (the spec's `option` lines) are refused unless they have their one supported value.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fla_gen.sample import relative_error
 from fla_gen.verify import TOLERANCE, compare_with_reference
 from tests.support import generated, poisoned_allocations
 
@@ -53,17 +54,76 @@ def test_flags_match_reference(mode, l2norm, sigmoid):
     assert not result.failures(), f"over tolerance {result.failures()} (all {result.errors})"
 
 
+def gate_params(seed: int) -> dict:
+    """A_log and dt_bias per head, and a raw g, in Qwen3-Next's ranges: decays exp(g) mostly in (0.2, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {"A_log": torch.empty(H).uniform_(-3.0, 0.0, generator=gen), "dt_bias": torch.randn(H, generator=gen),
+            "g": torch.randn(B, T, H, generator=gen)}
+
+
+def grads_of(fn, leaves: dict, keywords: tuple, **kwargs):
+    """o, final state and the gradient of every leaf of ``fn(positional leaves, keyword leaves, **kwargs)``,
+    under fixed random output weights."""
+    positional = [t for n, t in leaves.items() if n not in keywords and n != "initial_state"]
+    o, ht = fn(*positional, initial_state=leaves.get("initial_state"), output_final_state=True,
+               **{n: leaves[n] for n in keywords}, **kwargs)
+    gen = torch.Generator().manual_seed(99)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (ht * dht.to(ht.dtype)).sum(), list(leaves.values()))
+    return o, ht, dict(zip(leaves, grads, strict=True))
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gate_in_kernel_matches_reference(mode, with_bias):
+    """g raw and the gate from A_log (and dt_bias, or none: zeros), with every flag on; gradients of A_log and
+    dt_bias included."""
+    pkg = generated(OP)
+    x = {**raw_inputs(seed=7), **gate_params(seed=7)}
+    if not with_bias:
+        del x["dt_bias"]
+    x["initial_state"] = torch.randn(B, H, K, V)
+    keywords = tuple(n for n in ("A_log", "dt_bias") if n in x)
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True}
+    with poisoned_allocations():
+        o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
+                                                               x.items()}, keywords, **flags)
+    o_r, ht_r, grads_r = grads_of(getattr(pkg, f"{OP}_reference"),
+                                  {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **flags)
+    tol_fwd, tol_grad = TOLERANCE[torch.float32]
+    errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
+    assert all(e <= tol_fwd for e in errors.values()), errors
+    errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
+    assert all(e <= tol_grad for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_gate_keywords_follow_their_flag(mode):
+    fn = getattr(generated(OP), f"{mode}_{OP}")
+    x = raw_inputs(seed=0)
+    with pytest.raises(ValueError, match="A_log is given but use_gate_in_kernel is False"):
+        fn(*x.values(), A_log=torch.zeros(H))
+    with pytest.raises(ValueError, match="dt_bias is given but use_gate_in_kernel is False"):
+        fn(*x.values(), dt_bias=torch.zeros(H))
+    with pytest.raises(ValueError, match="A_log is required when use_gate_in_kernel=True"):
+        fn(*x.values(), use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="A_log"):
+        fn(*x.values(), use_gate_in_kernel=True, A_log=torch.zeros(H + 1))
+
+
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 def test_flags_equal_torch_transforms_then_plain_op(mode):
     """Independent of the derived reference: flags on == fla's formulas applied in torch, flags off;
-    outputs and the gradients of the raw q, k, beta."""
+    outputs and the gradients of the raw q, k, g, beta and of A_log, dt_bias."""
     fn = getattr(generated(OP), f"{mode}_{OP}")
-    x = raw_inputs(seed=5)
+    x = {**raw_inputs(seed=5), **gate_params(seed=5)}
     leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
     twins = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-    o, ht = fn(*leaves.values(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-               use_beta_sigmoid_in_kernel=True)
-    o2, ht2 = fn(fla_l2norm(twins["q"]), fla_l2norm(twins["k"]), twins["v"], twins["g"],
+    o, ht = fn(*(leaves[n] for n in ("q", "k", "v", "g", "beta")), output_final_state=True,
+               use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True,
+               A_log=leaves["A_log"], dt_bias=leaves["dt_bias"])
+    gate = -twins["A_log"].exp() * F.softplus(twins["g"] + twins["dt_bias"])
+    o2, ht2 = fn(fla_l2norm(twins["q"]), fla_l2norm(twins["k"]), twins["v"], gate,
                  torch.sigmoid(twins["beta"]), output_final_state=True)
     do = torch.randn_like(o)
     grads = torch.autograd.grad((o * do).sum() + ht.sum(), list(leaves.values()))
@@ -94,7 +154,6 @@ def test_flags_off_run_no_transform_pass(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 @pytest.mark.parametrize("name,value", [
-    ("use_gate_in_kernel", True), ("A_log", torch.zeros(H)), ("dt_bias", torch.zeros(H)),
     ("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("head_first", True),
     ("chunk_indices", torch.zeros(2, 2, dtype=torch.int64)), ("chunk_size", 32), ("cp_context", object()),
     ("gk", torch.zeros(B, T, H, K)), ("gv", torch.zeros(B, T, H, V)), ("chunk_size", True),
