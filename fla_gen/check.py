@@ -209,8 +209,14 @@ class _Checker:
                            f"a number param is written without a type: 'param {s.name} = 1.0'")
         if s.value not in ("true", "false"):
             raise self.err(s.value_pos, f"a bool param's default is 'true' or 'false', got '{s.value}'")
+        if s.requires is not None:
+            ref = self.names.get(s.requires)
+            if ref is None or ref.role != "flag" or s.requires == s.name:
+                flags = [n for n, r in self.names.items() if r.role == "flag"]
+                raise self.err(s.requires_pos, f"'{s.name}' requires '{s.requires}', which is not a boolean param "
+                                               f"declared before it", _did_you_mean(s.requires, flags))
         self._declare(s.name, Ref(s.name, "flag", Ty((), "param"), s.pos), s.pos)
-        return FlagInfo(s.name, s.value == "true", s.pos)
+        return FlagInfo(s.name, s.value == "true", s.pos, s.requires)
 
     def _option(self, s: S.OptionDecl) -> OptionInfo:
         if s.name in OP_KEYWORDS:

@@ -196,7 +196,7 @@ def _common_context(rec: Recurrence) -> dict:
     } for i in spec.guarded_inputs]
     return {
         "guarded_args": guarded_args,
-        "flags": [{"name": f.name, "default": f.default,
+        "flags": [{"name": f.name, "default": f.default, "requires": f.requires,
                    "doc": "; ".join(_flag_doc(rec, f.name))} for f in spec.flags],
         "options": [{"name": o.name, "value": _option_code(o.value),
                      "type": _option_type(o.value)}

@@ -100,6 +100,7 @@ class FlagInfo:
     name: str
     default: bool
     pos: Pos
+    requires: str | None = None  # another flag that must be true whenever this one is
 
 
 @dataclass(frozen=True)

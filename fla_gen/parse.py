@@ -42,6 +42,7 @@ _TERMINAL_WORDS = {
     "TRANSFORM": "'transform'",
     "IF": "'if'",
     "OPTION": "'option'",
+    "REQUIRES": "'requires'",
 }
 
 
@@ -99,8 +100,13 @@ class _ToSyntax(Transformer):
         return S.ParamDecl(str(items[0]), items[1], _pos(meta))
 
     def flag_decl(self, meta, items):
-        name, type_name, value = items
-        return S.FlagDecl(str(name), str(type_name), str(value), _pos(meta), _pos(type_name), _pos(value))
+        name, type_name, value, *requires = items
+        other = requires[0] if requires else None
+        return S.FlagDecl(str(name), str(type_name), str(value), _pos(meta), _pos(type_name), _pos(value),
+                          None if other is None else str(other), None if other is None else _pos(other))
+
+    def requires(self, meta, items):
+        return items[0]
 
     def option_decl(self, meta, items):
         name, value = items

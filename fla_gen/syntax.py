@@ -103,6 +103,8 @@ class FlagDecl:
     pos: Pos
     type_pos: Pos
     value_pos: Pos
+    requires: str | None = None  # ``... requires OTHER``: true only together with the flag OTHER
+    requires_pos: Pos | None = None
 
 
 @dataclass(frozen=True)

@@ -225,11 +225,17 @@ def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch
                          f"pass a bound that holds for every token, or none")
 
 
-def validate_flags(op: str, flags: tuple[tuple[str, object], ...]) -> None:
-    """Check the op's boolean params (the switches of guarded transforms): each must be a bool."""
+def validate_flags(op: str, flags: tuple[tuple[str, object], ...],
+                   requires: tuple[tuple[str, str], ...] = ()) -> None:
+    """Check the op's boolean params (the switches of guarded transforms): each must be a bool, and a flag
+    declared ``requires OTHER`` may be True only with OTHER True (``requires``: (flag, other) pairs)."""
     for name, value in flags:
         if not isinstance(value, bool):
             raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+    values = dict(flags)
+    for name, other in requires:
+        if values[name] and not values[other]:
+            raise ValueError(f"{op}: {name}=True requires {other}=True")
 
 
 def validate_options(op: str, options: tuple[tuple[str, object, object], ...]) -> None:

@@ -77,6 +77,9 @@ def test_options_parse_to_python_values():
      "transform beta = -exp(A_log) * beta if other", "only a transform guarded by 'gate' can read it"),
     ("param gate: bool = false\ninput A_log: [H] if gate\ntransform beta = beta if gate",
      "'A_log' is declared but never used"),
+    ("param twice: bool = false requires logits\nparam logits: bool = false\n"
+     "transform beta = sigmoid(beta) if logits\ntransform beta = 2 * beta if twice",
+     "'twice' requires 'logits', which is not a boolean param declared before it"),
 ])
 def test_bad_flags_and_options_are_spec_errors(extra, message):
     assert message in error_of(extra)

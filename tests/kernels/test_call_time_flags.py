@@ -1,11 +1,12 @@
 """Call-time flags that switch a spec's guarded transforms, in Triton's interpreter.
 
-generated.gated_delta_rule declares fla's `use_qk_l2norm_in_kernel`, `use_beta_sigmoid_in_kernel` and
-`use_gate_in_kernel` (with the keyword inputs A_log and dt_bias) as flags guarding `transform` lines. Each
-op is compared with the float64 reference derived from the spec (the same guards), and, independently of
-that reference, with the op on inputs transformed here in torch by fla's formulas (x / sqrt(sum(x^2) +
-1e-6) in fp32, sigmoid, -exp(A_log) softplus(g + dt_bias)). Flags off run no transform kernel at all.
-fla's other keywords (the spec's `option` lines) are refused unless they have their one supported value.
+generated.gated_delta_rule declares fla's `use_qk_l2norm_in_kernel`, `use_beta_sigmoid_in_kernel`,
+`allow_neg_eigval` (2 sigmoid(beta)) and `use_gate_in_kernel` (with the keyword inputs A_log and dt_bias) as
+flags guarding `transform` lines. Each op is compared with the float64 reference derived from the spec (the
+same guards), and, independently of that reference, with the op on inputs transformed here in torch by fla's
+formulas (x / sqrt(sum(x^2) + 1e-6) in fp32, 2 sigmoid, -exp(A_log) softplus(g + dt_bias)). Flags off run no
+transform kernel at all. fla's other keywords (the spec's `option` lines) are refused unless they have their
+one supported value.
 """
 
 import pytest
@@ -39,15 +40,15 @@ def fla_l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-@pytest.mark.parametrize("l2norm,sigmoid", [(True, True), (True, False), (False, True)])
-def test_flags_match_reference(mode, l2norm, sigmoid):
+@pytest.mark.parametrize("l2norm,sigmoid,neg", [(True, True, False), (True, False, False), (False, True, True)])
+def test_flags_match_reference(mode, l2norm, sigmoid, neg):
     pkg = generated(OP)
     x = raw_inputs(seed=3)
     if not l2norm:  # the recurrence needs unit keys: with the flag off, give them normalized
         x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
     if not sigmoid:
         x["beta"] = torch.sigmoid(x["beta"])
-    flags = {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": sigmoid}
+    flags = {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": sigmoid, "allow_neg_eigval": neg}
     result = compare_with_reference(getattr(pkg, f"{mode}_{OP}"), getattr(pkg, f"{OP}_reference"),
                                     {**x, "initial_state": torch.randn(B, H, K, V)}, torch.float32,
                                     name=f"{mode}_{OP}", guard=poisoned_allocations, **flags)
@@ -84,7 +85,8 @@ def test_gate_in_kernel_matches_reference(mode, with_bias):
         del x["dt_bias"]
     x["initial_state"] = torch.randn(B, H, K, V)
     keywords = tuple(n for n in ("A_log", "dt_bias") if n in x)
-    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True}
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
+             "allow_neg_eigval": True}
     with poisoned_allocations():
         o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
                                                                x.items()}, keywords, **flags)
@@ -121,10 +123,10 @@ def test_flags_equal_torch_transforms_then_plain_op(mode):
     twins = {n: t.clone().requires_grad_(True) for n, t in x.items()}
     o, ht = fn(*(leaves[n] for n in ("q", "k", "v", "g", "beta")), output_final_state=True,
                use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True,
-               A_log=leaves["A_log"], dt_bias=leaves["dt_bias"])
+               allow_neg_eigval=True, A_log=leaves["A_log"], dt_bias=leaves["dt_bias"])
     gate = -twins["A_log"].exp() * F.softplus(twins["g"] + twins["dt_bias"])
     o2, ht2 = fn(fla_l2norm(twins["q"]), fla_l2norm(twins["k"]), twins["v"], gate,
-                 torch.sigmoid(twins["beta"]), output_final_state=True)
+                 2 * torch.sigmoid(twins["beta"]), output_final_state=True)
     do = torch.randn_like(o)
     grads = torch.autograd.grad((o * do).sum() + ht.sum(), list(leaves.values()))
     grads2 = torch.autograd.grad((o2 * do).sum() + ht2.sum(), list(twins.values()))
@@ -154,7 +156,7 @@ def test_flags_off_run_no_transform_pass(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 @pytest.mark.parametrize("name,value", [
-    ("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("head_first", True),
+    ("state_v_first", True), ("transpose_state_layout", True), ("head_first", True),
     ("chunk_indices", torch.zeros(2, 2, dtype=torch.int64)), ("chunk_size", 32), ("cp_context", object()),
     ("gk", torch.zeros(B, T, H, K)), ("gv", torch.zeros(B, T, H, V)), ("chunk_size", True),
 ])
@@ -172,3 +174,5 @@ def test_flag_must_be_bool_and_unknown_keywords_fail(mode):
         fn(*x.values(), use_qk_l2norm_in_kernel=1)
     with pytest.raises(TypeError, match="use_qk_l2norm"):
         fn(*x.values(), use_qk_l2norm=True)  # a misspelt keyword is not swallowed
+    with pytest.raises(ValueError, match="allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"):
+        fn(*x.values(), allow_neg_eigval=True)  # as fla: 2 sigmoid(beta) needs beta as logits
