@@ -64,6 +64,13 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         # the decode path: without autograd the recurrent forward applies a spec's transforms inline
         with torch.no_grad():
             fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra)
+    if rec.spec.flags:
+        # the transform kernels as compiled with every guarded line switched on (the calls above ran with
+        # the flags' defaults); keyword inputs of those lines given as zeros
+        switched = {f.name: True for f in rec.spec.flags}
+        switched.update({i.name: torch.zeros(H) for i in rec.spec.guarded_inputs})
+        o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
+        torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -7,10 +7,25 @@ import hashlib
 import keyword
 import math
 import sys
+from dataclasses import replace
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecErrorFactory
-from fla_gen.ir import Apply, CheckedSpec, Heads, InputInfo, Lit, Node, ParamInfo, Ref, TransformInfo, Ty, widest
+from fla_gen.ir import (
+    Apply,
+    CheckedSpec,
+    FlagInfo,
+    Heads,
+    InputInfo,
+    Lit,
+    Node,
+    OptionInfo,
+    ParamInfo,
+    Ref,
+    TransformInfo,
+    Ty,
+    widest,
+)
 
 # Layout dims: the batch, the tokens, the query/key heads H and the value heads HV (a multiple of H).
 LAYOUT_DIMS = ("B", "T", "H", "HV")
@@ -83,6 +98,11 @@ def _name_problem(kind: str, name: str) -> str:
     if name == "scale" and kind != "param":
         return "'scale' is the ops' output scale argument; only a 'param' can be named 'scale'"
     return ""
+# The keyword arguments every generated op already has: an `option` cannot redeclare them.
+OP_KEYWORDS = ("initial_state", "output_final_state", "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound",
+               "seqlen_offsets")
+# `option` values written as names, and what they mean in Python.
+OPTION_WORDS = {"true": True, "false": False, "none": None}
 
 
 def _did_you_mean(name: str, candidates) -> str:
@@ -96,8 +116,9 @@ class _Checker:
         self.err = SpecErrorFactory(spec.path, spec.source)
         self.names: dict[str, Ref] = {}
         self.inputs: dict[str, InputInfo] = {}
-        # While checking a transform: the input it rebinds (the only per-token value it may read).
+        # While checking a transform: the input it rebinds (the only per-token value it may read), and its guard.
         self.transform_target: str | None = None
+        self.transform_guard: str | None = None
 
     # ----------------------------------------------------------------- declarations
     def run(self) -> CheckedSpec:
@@ -143,9 +164,12 @@ class _Checker:
         for d, axis in ((key_dim, "K"), (value_dim, "V")):
             self.names.setdefault(d, Ref(d, "dim", Ty((), "const"), state.pos, axis))
 
+        flags = tuple(self._flag(s) for s in stmts if isinstance(s, S.FlagDecl))
         input_decls = [s for s in stmts if isinstance(s, S.InputDecl)]
-        inputs = tuple(self._input(s, key_dim, value_dim) for s in input_decls)
-        self._check_value_heads(inputs, input_decls, value_dim)
+        declared = tuple(self._input(s, key_dim, value_dim) for s in input_decls)
+        self._check_value_heads(declared, input_decls, value_dim)
+        inputs = tuple(i for i in declared if i.guard is None)
+        guarded_inputs = tuple(i for i in declared if i.guard is not None)
         for earlier, later in zip(inputs, inputs[1:], strict=False):
             if earlier.optional and not later.optional:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
@@ -156,7 +180,12 @@ class _Checker:
             if decl.name.endswith("_t") and fetch in self.inputs:
                 raise self.err(decl.pos, f"'{decl.name}' is the name the reference gives to input '{fetch}' at "
                                          f"token t", f"rename '{decl.name}'")
+        options = tuple(self._option(s) for s in stmts if isinstance(s, S.OptionDecl))
         transforms = self._transforms(stmts)
+        for f in flags:
+            if not any(tr.guard == f.name for tr in transforms):
+                raise self.err(f.pos, f"'{f.name}' is declared but guards no transform",
+                               f"add ' if {f.name}' after a 'transform' line, or remove the param")
 
         updates = []
         for s in stmts:
@@ -192,7 +221,7 @@ class _Checker:
             raise self.err(out_stmt.expr.pos, f"the output has type {out.ty.show()}, expected [{value_dim}] "
                                               f"(one value vector per token)",
                            f"e.g. 'output {out_stmt.name} = scale * {state.name}^T @ q'")
-        self._check_all_used(inputs, params, updates, out, transforms)
+        self._check_all_used((*inputs, *guarded_inputs), params, updates, out, transforms)
         text = self.spec.source.replace("\r\n", "\n")
         return CheckedSpec(
             path=self.spec.path, source=self.spec.source,
@@ -200,6 +229,7 @@ class _Checker:
             op=ops[0].name, package=packages[0].name if packages else ops[0].name, inputs=inputs,
             state_name=state.name, key_dim=key_dim, value_dim=value_dim,
             params=params, updates=tuple(updates), output_name=out_stmt.name, output=out, transforms=transforms,
+            flags=flags, options=options, guarded_inputs=guarded_inputs,
         )
 
     # ----------------------------------------------------------------- transforms
@@ -225,8 +255,9 @@ class _Checker:
                 if self.inputs[name].optional:
                     raise self.err(p, f"'{name}' is optional ('= 0'); a transformed input must be given",
                                    f"drop '= 0' from the declaration of '{name}'")
+            guard = self._guard(s)
             if isinstance(s.expr, S.Call) and s.expr.func == "rope":
-                info = self._rope(s)
+                info = replace(self._rope(s), guard=guard)
                 for name, p in zip(s.targets, s.target_pos, strict=True):
                     if name in roped:
                         raise self.err(p, f"'{name}' is rotated twice; one rope per input")
@@ -237,17 +268,56 @@ class _Checker:
                 raise self.err(s.target_pos[1], "only rope(...) transforms several inputs at once",
                                f"write one 'transform {s.targets[0]} = ...' line per input")
             target = s.targets[0]
-            self.transform_target = target
+            self.transform_target, self.transform_guard = target, guard
             try:
                 node = self.expr(s.expr)
             finally:
-                self.transform_target = None
+                self.transform_target = self.transform_guard = None
             want = self.inputs[target].ty
             if node.ty.dims != want.dims:
                 raise self.err(s.expr.pos, f"the transform of '{target}' has type {node.ty.show()}, expected "
                                            f"{want.show()} (the shape of '{target}')")
-            out.append(TransformInfo("map", (target,), node, s.pos))
+            out.append(TransformInfo("map", (target,), node, s.pos, guard=guard))
         return tuple(out)
+
+    def _guard(self, s: S.Transform) -> str | None:
+        """The flag named after ``if`` in a transform line, checked to be a declared boolean param."""
+        if s.guard is None:
+            return None
+        ref = self.names.get(s.guard)
+        if ref is None or ref.role != "flag":
+            what = "not declared" if ref is None else f"a {ref.role}, not a boolean param"
+            flags = [n for n, r in self.names.items() if r.role == "flag"]
+            raise self.err(s.guard_pos, f"the transform's guard '{s.guard}' is {what}",
+                           _did_you_mean(s.guard, flags) or f"declare it with 'param {s.guard}: bool = false'")
+        return s.guard
+
+    def _flag(self, s: S.FlagDecl) -> FlagInfo:
+        if s.type_name != "bool":
+            raise self.err(s.type_pos, f"param '{s.name}' has type '{s.type_name}'; the only param type is 'bool'",
+                           f"a number param is written without a type: 'param {s.name} = 1.0'")
+        if s.value not in ("true", "false"):
+            raise self.err(s.value_pos, f"a bool param's default is 'true' or 'false', got '{s.value}'")
+        if s.requires is not None:
+            ref = self.names.get(s.requires)
+            if ref is None or ref.role != "flag" or s.requires == s.name:
+                flags = [n for n, r in self.names.items() if r.role == "flag"]
+                raise self.err(s.requires_pos, f"'{s.name}' requires '{s.requires}', which is not a boolean param "
+                                               f"declared before it", _did_you_mean(s.requires, flags))
+        self._declare(s.name, Ref(s.name, "flag", Ty((), "param"), s.pos), s.pos)
+        return FlagInfo(s.name, s.value == "true", s.pos, s.requires)
+
+    def _option(self, s: S.OptionDecl) -> OptionInfo:
+        if s.name in OP_KEYWORDS:
+            raise self.err(s.pos, f"'{s.name}' is an argument of every generated op; an option cannot redeclare it")
+        value = s.value
+        if isinstance(value, str):
+            if value not in OPTION_WORDS:
+                raise self.err(s.value_pos, f"option '{s.name}' = '{value}': an option's value is true, false, "
+                                            f"none or a number")
+            value = OPTION_WORDS[value]
+        self._declare(s.name, Ref(s.name, "option", Ty((), "const"), s.pos), s.pos)
+        return OptionInfo(s.name, value, s.pos)
 
     def _rope(self, s: S.Transform) -> TransformInfo:
         call = s.expr
@@ -404,7 +474,18 @@ class _Checker:
         if s.default is not None and s.default != 0.0:
             raise self.err(s.pos, f"input '{s.name}' has default {s.default:g}; only '= 0' (absent means zeros) "
                                   f"is supported")
-        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos, heads)
+        if s.guard is not None:
+            ref = self.names.get(s.guard)
+            if ref is None or ref.role != "flag":
+                flags = [n for n, r in self.names.items() if r.role == "flag"]
+                raise self.err(s.guard_pos, f"input '{s.name}' is guarded by '{s.guard}', which is not a declared "
+                                            f"boolean param", _did_you_mean(s.guard, flags)
+                               or f"declare it with 'param {s.guard}: bool = false'")
+            if per_token or rest:
+                raise self.err(s.pos, f"a guarded input is a per-head [H] parameter of a transform; '{s.name}' is "
+                                      f"[{', '.join(dims)}]")
+        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos,
+                         heads, s.guard)
         if s.name in LAYOUT_DIMS:
             raise self.err(s.pos, f"'{s.name}' is a layout dim and cannot name an input")
         self._name_ok("input", s.name, s.pos)
@@ -434,6 +515,13 @@ class _Checker:
                 hint = _did_you_mean(e.id, [n for n, r in self.names.items() if r.role != "dim"])
                 raise self.err(e.pos, f"unknown name '{e.id}'", hint or "declare it with 'input' or 'param'")
             ref = self.names[e.id]
+            if self.transform_target is None and ref.role == "input" and self.inputs[ref.name].guard is not None:
+                raise self.err(e.pos, f"'{e.id}' is an input only when {self.inputs[ref.name].guard} is true; only "
+                                      f"transforms guarded by it read it")
+            if ref.role in ("flag", "option"):
+                use = f"a transform's guard: '... if {e.id}'" if ref.role == "flag" else "only a keyword of the ops"
+                raise self.err(e.pos, f"'{e.id}' is {'a boolean param' if ref.role == 'flag' else 'an option'}, "
+                                      f"not a value; it is {use}")
             if self.transform_target is not None and ref.name != self.transform_target:
                 info = self.inputs.get(ref.name)
                 if info is None or info.per_token or info.vec_dim is not None:
@@ -444,7 +532,11 @@ class _Checker:
                                           f"reads '{e.id}' on the value heads HV; each of its heads would need "
                                           f"HV / H values", f"declare '{e.id}' as [H] or '{self.transform_target}' "
                                                             f"on HV")
-                if info.optional:
+                if info.guard is not None and info.guard != self.transform_guard:
+                    raise self.err(e.pos, f"'{e.id}' is an input only when {info.guard} is true; only a transform "
+                                          f"guarded by '{info.guard}' can read it",
+                                   f"end the line with ' if {info.guard}'")
+                if info.optional and info.guard is None:
                     raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
             return Ref(ref.name, ref.role, ref.ty, e.pos, ref.axis)
         if isinstance(e, S.Neg):

@@ -120,7 +120,10 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     transforms = [t for t in rec.spec.transforms if name in t.targets]
     reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
              and _reads(t.expr, name)]
-    if transforms:
+    if transforms and all(t.guard for t in transforms):
+        when = " or ".join(sorted({t.guard for t in transforms}))
+        roles[name] = f"{roles.get(name, 'input')}; transformed first when {when} (see above)"
+    elif transforms:
         roles[name] = f"{roles.get(name, 'input')}, raw: the spec transforms it first (see above)"
     elif reads:
         roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
@@ -130,6 +133,29 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
+
+
+def _flag_doc(rec: Recurrence, flag: str) -> list[str]:
+    """What a flag switches on: the transform lines it guards, as written in the spec."""
+    src = rec.spec.source.splitlines()
+    return [src[t.pos.line - 1].split("#")[0].strip().removeprefix("transform ").rsplit(" if ", 1)[0]
+            for t in rec.spec.transforms if t.guard == flag]
+
+
+def _option_code(value: bool | float | None) -> str:
+    """Python code of an option's value: None, True, False or a number (an int when whole)."""
+    if isinstance(value, float) and value == int(value):
+        return str(int(value))
+    return repr(value)
+
+
+def _option_type(value: bool | float | None) -> str:
+    """The annotation of an option's keyword."""
+    if value is None:
+        return "object"
+    if isinstance(value, bool):
+        return "bool"
+    return "int" if value == int(value) else "float"
 
 
 def _reads(n: Node, name: str) -> bool:
@@ -162,7 +188,19 @@ def _common_context(lowered: Lowered) -> dict:
             # In a grouped spec: the dim along which an H-head input repeats to HV heads, else None.
             "group_dim": (2 if i.per_token else 0) if spec.grouped and i.heads is Heads.H else None,
         })
+    guarded_args = [{
+        "name": i.name, "guard": i.guard, "optional": i.optional,
+        "doc": (f"[H] per-head parameter of the transform of "
+                f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
+                f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),
+    } for i in spec.guarded_inputs]
     return {
+        "guarded_args": guarded_args,
+        "flags": [{"name": f.name, "default": f.default, "requires": f.requires,
+                   "doc": "; ".join(_flag_doc(rec, f.name))} for f in spec.flags],
+        "options": [{"name": o.name, "value": _option_code(o.value),
+                     "type": _option_type(o.value)}
+                    for o in spec.options],
         "version": __version__,
         "spec_path": Path(spec.path).as_posix(),
         "spec_hash": spec.source_hash,
@@ -401,7 +439,25 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: Inline
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
-    lines.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    if not t.flags:
+        lines.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+        return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
+    flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
+    spec = lowered.rec.spec
+    body = []
+    for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
+        body += [f"if {i.name} is None:",
+                 f"    {i.name} = torch.zeros(call.H, dtype=torch.float32, device={t.sources[0][0]}.device)"]
+    body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))")
+    derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
+    if all(tr.guard for tr in spec.transforms) and not derived:
+        # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
+        slots = {s.arg: s for s in lowered.slots}
+        as_given = ", ".join(f"{slots[name].input}.contiguous()" for name, _ in t.outputs)
+        lines += [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
+            "else:", f"    {outputs} = {as_given}{',' if len(t.outputs) == 1 else ''}"]
+    else:
+        lines += body
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 

@@ -85,6 +85,8 @@ class InputInfo:
     ``vec_dim``: its trailing head dim (``K``/``V``) or None for a scalar per token/head;
     ``optional``: declared with ``= 0`` (absent means zeros); ``heads``: H (``[B, T, H, ...]``,
     ``[H, ...]``) or HV (``[B, T, HV, ...]``, ``[HV, ...]``).
+    ``guard``: declared ``if FLAG``: a keyword argument (after the flags), refused when given with the flag
+    off, required with it on unless optional; kept out of ``CheckedSpec.inputs`` (``guarded_inputs``).
     """
 
     name: str
@@ -94,6 +96,7 @@ class InputInfo:
     optional: bool
     pos: Pos
     heads: Heads = Heads.H
+    guard: str | None = None  # a keyword input that only transforms guarded by this flag read
 
     @property
     def ty(self) -> Ty:
@@ -108,6 +111,25 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
+class FlagInfo:
+    """A boolean call-time param (``param NAME: bool = false``): it switches the transforms it guards."""
+
+    name: str
+    default: bool
+    pos: Pos
+    requires: str | None = None  # another flag that must be true whenever this one is
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """``option NAME = value``: a keyword the ops accept with only ``value`` (a bool, None or a number)."""
+
+    name: str
+    value: bool | float | None
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class TransformInfo:
     """One ``transform`` line: per-token inputs rebound before the recurrence reads them.
 
@@ -117,6 +139,7 @@ class TransformInfo:
     ``style`` ``neox`` (rotate halves) or ``interleaved`` (rotate pairs), the first ``rotary_dim``
     channels rotate (a scalar of head dims and numbers), the rest pass through; ``base`` the
     frequency base (inverse frequencies base^(-2i/rotary_dim), Su et al., 2021).
+    ``guard``: the flag (a boolean param) that switches the line on at call time; None: always on.
     """
 
     kind: str
@@ -126,6 +149,7 @@ class TransformInfo:
     style: str = "neox"
     rotary_dim: Node | None = None
     base: float = 10000.0
+    guard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,9 +170,12 @@ class CheckedSpec:
     output_name: str
     output: Node
     transforms: tuple[TransformInfo, ...] = ()
+    flags: tuple[FlagInfo, ...] = ()
+    options: tuple[OptionInfo, ...] = ()
+    guarded_inputs: tuple[InputInfo, ...] = ()
 
     def input(self, name: str) -> InputInfo:
-        return next(i for i in self.inputs if i.name == name)
+        return next(i for i in (*self.inputs, *self.guarded_inputs) if i.name == name)
 
     @property
     def grouped(self) -> bool:

@@ -95,14 +95,36 @@ def _call(meta, items) -> S.Call:
 
 
 def _input_decl(meta, items) -> S.InputDecl:
+    items = list(items)
     name, (dims, dim_pos) = items[0], items[1]
+    guard = items.pop() if isinstance(items[-1], Token) and len(items) > 2 else None
     default = items[2] if len(items) > 2 else None
-    return S.InputDecl(str(name), dims, dim_pos, default, _pos(meta))
+    return S.InputDecl(str(name), dims, dim_pos, default, _pos(meta), None if guard is None else str(guard),
+                       None if guard is None else _pos(guard))
 
 
 def _transform_decl(meta, items) -> S.Transform:
+    items = list(items)
+    # a trailing guard arrives as the NAME token that the `guard` rule returns, after the expression
+    guard = items.pop() if len(items) > 2 and isinstance(items[-1], Token) and not isinstance(items[-2], Token) \
+        else None
     names = items[:-1]
-    return S.Transform(tuple(str(n) for n in names), tuple(_pos(n) for n in names), items[-1], _pos(meta))
+    return S.Transform(tuple(str(n) for n in names), tuple(_pos(n) for n in names), items[-1], _pos(meta),
+                       None if guard is None else str(guard), None if guard is None else _pos(guard))
+
+
+def _flag_decl(meta, items) -> S.FlagDecl:
+    name, type_name, value, *requires = items
+    other = requires[0] if requires else None
+    return S.FlagDecl(str(name), str(type_name), str(value), _pos(meta), _pos(type_name), _pos(value),
+                      None if other is None else str(other), None if other is None else _pos(other))
+
+
+def _option_decl(meta, items) -> S.OptionDecl:
+    name, value = items
+    if isinstance(value, Token):
+        return S.OptionDecl(str(name), str(value), _pos(meta), _pos(value))
+    return S.OptionDecl(str(name), value, _pos(meta), _pos(name))
 
 
 # Lark rule name -> builder of the fla_gen.syntax value from the node's meta and converted children.
@@ -120,6 +142,10 @@ _BUILDERS = {
     "update": lambda meta, items: S.Update(str(items[0]), items[1], _pos(meta)),
     "output": lambda meta, items: S.Output(str(items[0]), items[1], _pos(meta)),
     "transform_decl": _transform_decl,
+    "flag_decl": _flag_decl,
+    "requires": lambda meta, items: items[0],
+    "option_decl": _option_decl,
+    "guard": lambda meta, items: items[0],
     "kwarg": lambda meta, items: S.Kwarg(str(items[0]), items[1], _pos(items[0])),
     "number": _number,
     "name": lambda meta, items: S.Name(str(items[0]), _pos(items[0])),

@@ -115,7 +115,8 @@ def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
 
     Inputs are whole tensors ([B, T, H, ...] per token, [H] per head); a rope line calls
     ``fla_gen.runtime.rotary.rope_reference`` with ``positions`` ([B, T]) and the rotary dim
-    evaluated from the head-dim locals.
+    evaluated from the head-dim locals. A guarded line (``... if flag``) keeps its inputs unless the
+    flag, a Python bool argument of the reference, is true.
     """
     r = TorchExpr(spec.state_name, whole=True)
     lines = []
@@ -124,7 +125,12 @@ def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
             args = f"positions, int({render_scalar(tr.rotary_dim)}), {tr.base!r}, {tr.style == 'interleaved'}"
             lhs = ", ".join(tr.targets)
             rhs = ", ".join(f"rope_reference({t}, {args})" for t in tr.targets)
-            lines.append(f"{lhs} = {rhs}")
+            if tr.guard is not None:
+                rhs = f"({rhs}) if {tr.guard} else ({lhs})"
         else:
-            lines.append(f"{tr.targets[0]} = {r.render(tr.expr)}")
+            lhs = tr.targets[0]
+            rhs = r.render(tr.expr)
+            if tr.guard is not None:
+                rhs = f"{rhs} if {tr.guard} else {lhs}"
+        lines.append(f"{lhs} = {rhs}")
     return tuple(lines)

@@ -22,7 +22,8 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
     retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
     Keys and queries of a rank-1 (delta) transition are L2-normalized, unless the spec transforms
-    them (then it normalizes them itself, e.g. ``transform k = l2norm(k)``); transformed per-token
+    them (then it normalizes them itself, e.g. ``transform k = l2norm(k)``, unless the line is guarded by
+    a flag: default calls leave it off); transformed per-token
     scalars (e.g. a beta under a sigmoid) are N(0, 1); a general rank-1 term b aᵀ gets a = -k̂,
     b = η k̂ (RWKV-7's form). Gates are float32; everything else ``dtype``.
     """
@@ -39,7 +40,9 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     rank1_pair = None
     if rank1 is RankOne.GENERAL and rec.low_rank.u.input and rec.low_rank.w.input:
         rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
-    transformed = set(spec.transformed)
+    # inputs a transform always rewrites; a guarded line is off in a default call, so its inputs are drawn
+    # as the recurrence reads them
+    transformed = {t for tr in spec.transforms if tr.guard is None for t in tr.targets}
     unit_norm -= transformed
     HV = H if HV is None else HV
     dims = {"B": B, "T": T, "H": H, "HV": HV, spec.key_dim: K, spec.value_dim: V}

@@ -54,6 +54,10 @@ class Layout:
         """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
         return f"tl.gather({x}, {idx}, axis={self.axis})"
 
+    def zero(self) -> str:
+        """Code of a per-row fp32 zero (the gradient of a per-head input a switched-off transform reads)."""
+        return "tl.zeros([BR, 1], dtype=tl.float32)" if self.keep_dims else "0.0"
+
 
 TILE = Layout(axis=1, keep_dims=True)
 ROW = Layout(axis=0, keep_dims=False)
@@ -103,6 +107,8 @@ class TransformKernel:
     fp32_outputs: tuple[str, ...]  # outputs stored as float32 (log gates)
     row_fwd: tuple[str, ...]
     bwd_fwd: tuple[str, ...]
+    # the flags that guard transforms, in declaration order: constexpr kernel arguments flag_<name>
+    flags: tuple[str, ...] = ()
 
 
 # Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
@@ -132,13 +138,46 @@ class _Lowering:
         # vectors loaded straight from a kernel argument: var -> (pointer, head dim letter); a rope of one
         # reads its partner channels with a second load instead of a tl.gather (rope_partner)
         self.loaded: dict[str, tuple[str, str]] = {}
+        # while lowering a guarded transform line: its flag, and the vars created under it
+        self.guard: str | None = None
+        self.guarded: dict[str, str] = {}  # var -> the flag it was computed under
 
     def new(self, code: str, shape: str) -> str:
         v = f"t{self.n}"
         self.n += 1
         self.lines.append(f"{v} = {code}")
         self.shape[v] = shape
+        if self.guard is not None:
+            self.guarded[v] = self.guard
         return v
+
+    def guarded_line(self, tr: TransformInfo, lower_line) -> None:
+        """Lower one transform line under ``if flag_<guard>:`` (a constexpr kernel argument): the branch
+        computes the targets' new values, the else branch keeps the old ones, both into fresh vars, and a
+        ``guard`` tape entry lets :meth:`backward` put the line's vector-Jacobian products under the same
+        branch."""
+        prevs = {t: self.current[t] for t in tr.targets}
+        first_line, first_entry = len(self.lines), len(self.tape)
+        self.guard = tr.guard
+        try:
+            lower_line()
+        finally:
+            self.guard = None
+        body = self.lines[first_line:]
+        del self.lines[first_line:]
+        results = {t: self.current[t] for t in tr.targets}
+        sels = {}
+        for t in tr.targets:
+            sels[t] = f"t{self.n}"
+            self.n += 1
+            self.shape[sels[t]] = self.shape[prevs[t]]
+        self.lines.append(f"if flag_{tr.guard}:")
+        self.lines += ["    " + ln for ln in body] + [f"    {sels[t]} = {results[t]}" for t in tr.targets]
+        self.lines.append("else:")
+        self.lines += [f"    {sels[t]} = {prevs[t]}" for t in tr.targets]
+        self.tape.append((sels[tr.targets[0]], "guard", tuple(prevs[t] for t in tr.targets),
+                          {"flag": tr.guard, "first": first_entry, "sels": sels, "results": results, "prevs": prevs}))
+        self.current.update(sels)
 
     def record(self, fn: str, args: tuple[str, ...], code: str, shape: str, **extra) -> str:
         v = self.new(code, shape)
@@ -151,6 +190,9 @@ class _Lowering:
         if isinstance(n, Ref):
             if n.name in self.current:
                 return self.current[n.name]
+            if n.name in self.heads and self.guarded.get(self.heads[n.name], self.guard) != self.guard:
+                raise ValueError(f"'{n.name}' is read by transforms under different guards (in {self.rec.spec.op}); "
+                                 f"the fused transform kernels load a per-head input under one guard only")
             if n.name not in self.heads:
                 self.heads[n.name] = self.new(f"tl.load(p_{n.name} + i_h).to(tl.float32)", "")
             return self.heads[n.name]
@@ -203,11 +245,12 @@ class _Lowering:
         """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
         out: list[str] = []
         k = [0]
+        indent = [""]
 
         def fresh(code: str) -> str:
             v = f"d{k[0]}"
             k[0] += 1
-            out.append(f"{v} = {code}")
+            out.append(f"{indent[0]}{v} = {code}")
             return v
 
         def add(var: str, contrib: str, from_shape: str) -> None:
@@ -217,9 +260,42 @@ class _Lowering:
                 contrib = self.layout.sum(contrib)
             adj[var] = fresh(f"{adj[var]} + {contrib}" if var in adj else contrib)
 
-        for v, fn, args, extra in reversed(self.tape):
+        def guard(extra: dict, segment: list) -> None:
+            """The VJPs of a guarded line under its flag; with the flag off each target's gradient passes
+            to its old value, and per-head inputs the line reads get zero."""
+            live = [t for t, sel in extra["sels"].items() if sel in adj]
+            if not live:
+                return
+            before = dict(adj)
+            out.append(f"{indent[0]}if flag_{extra['flag']}:")
+            indent[0] += "    "
+            for t in live:
+                add(extra["results"][t], adj[extra["sels"][t]], self.shape[extra["sels"][t]])
+            for entry in reversed(segment):
+                step(*entry)
+            joined = {}
+            for t in live:  # one name per old value, assigned in both branches
+                p = extra["prevs"][t]
+                joined[p] = f"d{k[0]}"
+                k[0] += 1
+                out.append(f"{indent[0]}{joined[p]} = {adj.get(p, self.layout.zero())}")
+            indent[0] = indent[0][:-4]
+            out.append(f"{indent[0]}else:")
+            for t in live:
+                p, dy = extra["prevs"][t], before[extra["sels"][t]]
+                out.append(f"{indent[0]}    {joined[p]} = {before[p] + ' + ' if p in before else ''}{dy}")
+            for var, name in adj.items():  # per-head inputs: zero (or their earlier gradient) with the flag off
+                if var in joined or before.get(var) == name:
+                    continue
+                if var not in self.guarded:
+                    out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero())}")
+                elif var in self.heads.values():
+                    out.append(f"{indent[0]}    {name} = {self.layout.zero()}")
+            adj.update(joined)
+
+        def step(v, fn, args, extra) -> None:
             if v not in adj:
-                continue
+                return
             dy, s = adj[v], self.shape[v]
             a = args[0]
             if fn == "add":
@@ -253,6 +329,16 @@ class _Lowering:
                     add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
+
+        i = len(self.tape)
+        while i > 0:
+            i -= 1
+            v, fn, args, extra = self.tape[i]
+            if fn == "guard":
+                guard(extra, self.tape[extra["first"]:i])
+                i = extra["first"]
+            else:
+                step(v, fn, args, extra)
         return out
 
 
@@ -348,7 +434,8 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         if shape and input_partners:
             low.loaded[raw[name]] = (f"x_{name}", shape)
     ropes = []
-    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+
+    def lower_line(tr: TransformInfo) -> None:
         if tr.kind == "rope":
             j = len(ropes)
             dim = low.letter[spec.input(tr.targets[0]).vec_dim]
@@ -363,6 +450,12 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         else:
             (t,) = tr.targets
             low.current[t] = low.lower(tr.expr)
+
+    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+        if tr.guard is None:
+            lower_line(tr)
+        else:
+            low.guarded_line(tr, lambda tr=tr: lower_line(tr))
     outs: dict[str, str] = {}
     for slot in outputs:
         var = low.current[slot.input] if slot.source is SlotSource.INPUT else low.lower(slot.expr)
@@ -392,6 +485,7 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
         fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
+        flags=tuple(f.name for f in spec.flags),
     )
 
 
@@ -414,7 +508,7 @@ def inline_transforms(t: TransformKernel | None, lowered: Lowered) -> InlineTran
     forward kernels), or None when it cannot be inlined: a V vector among its outputs (those kernels tile
     V), or an output that is not a transformed input passed in its slot's place (a derived slot reads
     inputs the kernel does not take)."""
-    if t is None or any(d == "V" for _, d in t.outputs):
+    if t is None or any(d == "V" for _, d in t.outputs) or t.flags:
         return None
     slots = {s.arg: s for s in lowered.slots}
     reads = {}

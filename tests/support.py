@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import sys
 from functools import cache
 from pathlib import Path
@@ -91,3 +92,21 @@ def built_package(spec_text: str, directory: Path, name: str):
         sys.path.remove(str(directory / "build"))
         for module in [m for m in sys.modules if m == rec.spec.package or m.startswith(rec.spec.package + ".")]:
             del sys.modules[module]
+
+
+def import_with_fla(module_name: str, fla):
+    """A fresh copy of ``module_name`` imported while ``fla`` stands in for flash-linear-attention."""
+    spec = importlib.util.find_spec(module_name)
+    copy = importlib.util.spec_from_file_location(f"{module_name}_on_fla_gen", spec.origin)
+    module = importlib.util.module_from_spec(copy)
+    sys.modules[copy.name] = module  # transformers reads its classes' source through sys.modules
+    saved = sys.modules.get("fla")
+    sys.modules["fla"] = fla
+    try:
+        copy.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = saved
+    return module

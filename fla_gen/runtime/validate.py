@@ -246,3 +246,45 @@ def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch
     if not lowest >= bound:
         raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "
                          f"pass a bound that holds for every token, or none")
+
+
+def validate_flags(op: str, flags: tuple[tuple[str, object], ...],
+                   requires: tuple[tuple[str, str], ...] = ()) -> None:
+    """Check the op's boolean params (the switches of guarded transforms): each must be a bool, and a flag
+    declared ``requires OTHER`` may be True only with OTHER True (``requires``: (flag, other) pairs)."""
+    for name, value in flags:
+        if not isinstance(value, bool):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+    values = dict(flags)
+    for name, other in requires:
+        if values[name] and not values[other]:
+            raise ValueError(f"{op}: {name}=True requires {other}=True")
+
+
+def validate_options(op: str, options: tuple[tuple[str, object, object], ...]) -> None:
+    """Check keywords the op accepts with one supported value (a spec's ``option NAME = value`` lines):
+    (name, given, supported). Anything but the supported value is refused, never ignored."""
+    for name, value, supported in options:
+        if supported is None:
+            ok = value is None
+        elif isinstance(supported, bool):
+            ok = isinstance(value, bool) and value == supported
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == supported
+        if not ok:
+            given = f"<a tensor of shape {_shape(value)}>" if isinstance(value, torch.Tensor) else (
+                repr(value) if value is None or isinstance(value, (bool, int, float, str)) else
+                f"<a {type(value).__name__}>")
+            raise ValueError(f"{op}: {name}={given} is not supported; this op runs only with "
+                             f"{name}={supported!r}")
+
+
+def validate_guarded_inputs(op: str, inputs: tuple[tuple[str, object, str, bool, bool], ...]) -> None:
+    """Check the inputs a spec declares ``if FLAG`` (read only by transforms that flag switches on):
+    (name, value, flag, flag's value, optional). Given with the flag off is refused rather than ignored;
+    absent with it on is refused unless the input is optional (zeros)."""
+    for name, value, flag, on, optional in inputs:
+        if value is not None and not on:
+            raise ValueError(f"{op}: {name} is given but {flag} is False; {name} is read only with {flag}=True")
+        if value is None and on and not optional:
+            raise ValueError(f"{op}: {name} is required when {flag}=True")
