@@ -14,7 +14,7 @@ from tests.support import REPO_ROOT
 
 GLA = REPO_ROOT / "specs" / "gla.fla"
 # Canonicalizes (a channel-gated delta rule), but no kernel family implements it: the planner refuses.
-NO_KERNELS = """op dchan
+REFUSED = """op dchan
 input q: [B, T, H, K]
 input k: [B, T, H, K]
 input v: [B, T, H, V]
@@ -29,9 +29,18 @@ output o = S^T @ q
 
 
 @pytest.mark.parametrize("command", [["build", "-o", "OUT"], ["plan"]])
-def test_planner_refusals_point_at_the_update_and_plan_agrees_with_build(tmp_path, capsys, command):
+def test_planner_refusals_point_at_the_update_and_plan_agrees_with_build(tmp_path, capsys, command, monkeypatch):
+    """Every recurrence of the normal form lowers to some kernels today, so the refusal is simulated: a
+    PlanError from the algorithm selection reaches the user at the first update line, from build and plan."""
+    import fla_gen.emit
+    from fla_gen.plan import PlanError
+
+    def refuse(features):
+        raise PlanError("no kernels take this recurrence")
+
+    monkeypatch.setattr(fla_gen.emit, "select_algorithms", refuse)
     spec = tmp_path / "dchan.fla"
-    spec.write_text(NO_KERNELS)
+    spec.write_text(REFUSED)
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in command]
     assert main([argv[0], str(spec), *argv[1:]]) == 2
     err = capsys.readouterr().err
