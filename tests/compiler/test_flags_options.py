@@ -93,8 +93,8 @@ def test_generated_signature_has_flags_and_options_and_reference_applies_the_gua
     assert "    norm: bool = False,\n    state_v_first: bool = False,\n    chunk_indices: object = None,\n" in chunk
     assert '("state_v_first", state_v_first, False),' in chunk
     # every transform is guarded: with the flag off the op runs no transform pass
-    assert ("    if norm:\n        q, k = guarded_transforms(q, k, call=call, cu_seqlens=cu_seqlens, flags=(norm,))"
-            in chunk)
+    assert ("    if norm:\n        _q, _k = guarded_transforms(q, k, call=call, cu_seqlens=cu_seqlens, flags=(norm,))\n"
+            "    else:\n        _q, _k = q.contiguous(), k.contiguous()" in chunk)
     namespace = {}
     exec(compile(files["guarded/reference.py"], "reference.py", "exec"), namespace)
     ref = namespace["guarded_reference"]
