@@ -91,10 +91,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         rec = load_recurrence(Path(args.spec))
-        algos = select_algorithms(rec)
+        algos = [a for a in select_algorithms(rec) if a is not None]
         plans = [plan_algorithm(rec, a, args.arch, args.dtype, args.head_dim) for a in algos]
         labels = [a.name for a in algos]
-        if algos[0].bounded_chunk_size:
+        if algos[0].chunked and algos[0].bounded_chunk_size:
             # the chunk plan for calls that pass gate_lower_bound
             try:
                 plans.append(plan_algorithm(rec, algos[0], args.arch, args.dtype, args.head_dim, bounded=True))

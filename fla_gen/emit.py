@@ -18,7 +18,14 @@ from fla_gen import __version__
 from fla_gen.canonical import Recurrence
 from fla_gen.features import KernelFeatures, RankOne, TokenDecay
 from fla_gen.ir import Apply, Lit, Node, Ref
-from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
+from fla_gen.plan import (
+    Algorithm,
+    bind_kernel_inputs,
+    gate_bound_for_chunk,
+    kernel_family,
+    plan_table,
+    select_algorithms,
+)
 from fla_gen.reference import derive_reference
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
@@ -112,7 +119,7 @@ def _arg_role(rec: Recurrence, name: str) -> str:
     b (a^T S)) or other (e.g. the delta rule's beta)."""
     roles = {rec.query.input: "query", rec.write[0].input: "key", rec.write[1].input: "value"}
     roles.update({t.input: "gate" for t in rec.decay})
-    if rec.family == "general_rank1":
+    if kernel_family(rec) == "general_rank1":
         roles.update({rec.low_rank.w.input: "rank1_read", rec.low_rank.u.input: "rank1_write"})
     return roles.get(name, "other")
 
@@ -182,7 +189,7 @@ def _common_context(rec: Recurrence) -> dict:
 def kernel_features(rec: Recurrence) -> KernelFeatures:
     """The feature record the kernel templates switch on."""
     token = TokenDecay(rec.token_gate.kind) if rec.token_gate else TokenDecay.NONE
-    rank1 = {"gated": RankOne.NONE, "delta": RankOne.DELTA, "general_rank1": RankOne.GENERAL}[rec.family]
+    rank1 = {"gated": RankOne.NONE, "delta": RankOne.DELTA, "general_rank1": RankOne.GENERAL}[kernel_family(rec)]
     return KernelFeatures(token, rec.head_gate is not None, rank1)
 
 
@@ -344,13 +351,15 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     plans_ctx = dict(common)
-    plans_ctx["tables"] = [
+    # Without a chunk algorithm (a recurrence only the token-by-token template covers yet) the package
+    # has no chunk op.
+    plans_ctx["tables"] = ([] if chunk_algo is None else [
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
-         **_plan_rows(plan_table(rec, chunk_algo))},
+         **_plan_rows(plan_table(rec, chunk_algo))}]) + [
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
          **_plan_rows(plan_table(rec, recurrent_algo))},
     ]
-    if chunk_algo.bounded_chunk_size:
+    if chunk_algo is not None and chunk_algo.bounded_chunk_size:
         plans_ctx["tables"].append(
             {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound (tensor-core "
              f"pairwise decays; used when the bound is at least the plan's gate_bound)",
@@ -360,8 +369,10 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     extra = () if transforms is None else (
         GeneratedFile(f"{pkg}/transforms.py", _transforms_module(rec, transforms, common)),)
     return extra + (
-        GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
-        GeneratedFile(f"{pkg}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
+        GeneratedFile(f"{pkg}/__init__.py",
+                      env.get_template("package/__init__.py.jinja").render(common, chunked=chunk_algo is not None)),
+    ) + (() if chunk_algo is None else (
+        GeneratedFile(f"{pkg}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),)) + (
         GeneratedFile(f"{pkg}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),
         GeneratedFile(f"{pkg}/plans.py", env.get_template("package/plans.py.jinja").render(plans_ctx)),
         GeneratedFile(f"{pkg}/reference.py", env.get_template("package/reference.py.jinja").render(ref_ctx)),

@@ -312,13 +312,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                bounded=_DPLR_BOUNDED_DA),
                    KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK)),
                   chunked=True, bounded_chunk_size=32),
-        Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_delta", "kernels/fused_recurrent_delta.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
+        # One token-by-token template for every recurrence, switched by its features (fla_gen.features).
+        Algorithm("fused_recurrent", "kernels/fused_recurrent.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
     )
@@ -329,24 +324,53 @@ class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
 
 
-def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
-    """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure."""
-    if rec.family == "gated":
+def select_algorithms(rec: Recurrence) -> tuple[Algorithm | None, Algorithm]:
+    """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure. The token-by-token
+    template covers every recurrence; the chunk side is None where no chunk template covers it yet."""
+    recurrent = ALGORITHMS["fused_recurrent"]
+    family = kernel_family(rec)
+    if family == "gated":
         chunk = ALGORITHMS["chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"]
         if rec.token_gate is None and rec.head_gate is None:
             chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
-        return chunk, ALGORITHMS["fused_recurrent_gated"]
-    if rec.family == "delta":
-        if rec.decay_kind == "channel" or rec.head_gate is not None:
-            raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
-                            "a per-channel or per-head decay is not supported yet")
-        return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
-    if rec.family == "general_rank1":
-        if rec.decay_kind == "scalar" or rec.head_gate is not None:
-            raise PlanError("the DPLR kernels take a per-channel log gate exp(g) [B, T, H, K] or none; a per-token "
-                            "scalar or per-head decay is not supported yet (broadcast it to [B, T, H, K])")
-        return ALGORITHMS["chunk_dplr"], ALGORITHMS["fused_recurrent_dplr"]
+        return chunk, recurrent
+    if family == "delta":
+        # chunk_delta takes a scalar per-token gate or none
+        chunked = rec.decay_kind != "channel" and rec.head_gate is None
+        return (ALGORITHMS["chunk_delta"] if chunked else None), recurrent
+    if family == "general_rank1":
+        # chunk_dplr takes a per-channel gate or none
+        chunked = rec.decay_kind != "scalar" and rec.head_gate is None
+        return (ALGORITHMS["chunk_dplr"] if chunked else None), recurrent
     raise PlanError(f"no kernels for the '{rec.family}' family; supported: gated, delta, general_rank1")
+
+
+def _is_channel_delta(rec: Recurrence) -> bool:
+    """Whether a general rank-1 term is the delta rule on the per-channel decayed state (KDA): the write
+    beta * outer(k, v) and the rank-1 term -beta k (exp(g) * k)^T with g the state's own log decay (the
+    per-channel gate, plus the per-head one if any)."""
+    lr, (x, y) = rec.low_rank, rec.write
+    if lr is None or rec.decay_kind != "channel" or lr.w.input is not None:
+        return False
+    beta = _single_input_coef(x)
+    w = lr.w.expr
+    if not (beta and _is_plain(y) and lr.u.input == x.input and _single_input_coef(lr.u) == beta
+            and _coef_tags(lr.w.coef) == ["neg1"] and getattr(w, "fn", None) == "mul" and len(w.args) == 2):
+        return False
+    gate, key = w.args
+    if getattr(gate, "fn", None) != "exp" or getattr(key, "role", None) != "input" or key.name != x.input:
+        return False
+    log_gate = gate.args[0]
+    terms = log_gate.args if getattr(log_gate, "fn", None) == "add" else (log_gate,)  # exp(g + g_gamma)
+    return (all(getattr(t, "role", None) == "input" for t in terms)
+            and sorted(t.name for t in terms) == sorted(gt.input for gt in (rec.token_gate, rec.head_gate) if gt))
+
+
+def kernel_family(rec: Recurrence) -> str:
+    """The family whose kernel arguments a recurrence binds: its canonical family, except a general
+    rank-1 term that is the delta rule on a per-channel decayed state (S = (I - beta k kᵀ) diag(exp(g)) S
+    + beta k vᵀ), which binds as delta (q, k, v, g, beta)."""
+    return "delta" if rec.family == "general_rank1" and _is_channel_delta(rec) else rec.family
 
 
 @dataclass(frozen=True)
@@ -377,6 +401,9 @@ def _coef_tags(coef) -> list[str]:
             tags.append("neg1")
         elif getattr(c, "fn", None) == "exp" and getattr(c.args[0], "role", None) == "input":
             tags.append(f"exp:{c.args[0].name}")
+        elif (getattr(c, "fn", None) == "exp" and getattr(c.args[0], "fn", None) == "add"
+              and all(getattr(x, "role", None) == "input" for x in c.args[0].args)):
+            tags += [f"exp:{x.name}" for x in c.args[0].args]  # exp(g + g_gamma)
         else:
             tags.append("other")
     return tags
@@ -386,23 +413,28 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     """Match the recurrence's terms to the kernels' arguments, or say which term does not fit."""
     x, y = rec.write
     names, inputs = ["q"], [rec.query.input]
-    if rec.family == "gated":
+    family = kernel_family(rec)
+    if family == "gated":
         if not (_is_plain(x) and _is_plain(y)):
             raise PlanError("the gated kernels need the write term outer(k, v) of two plain inputs")
         names += ["k", "v"]
         inputs += [x.input, y.input]
-    elif rec.family == "delta":
+    elif family == "delta" and rec.decay_kind == "channel":
+        # _is_channel_delta matched w = -exp(g) * k elementwise
+        names += ["k", "v"]
+        inputs += [x.input, y.input]
+    elif family == "delta":
         beta = _single_input_coef(x)
         lr = rec.low_rank
-        # w must be -exp(g) k with g the state's own decay (or -k without one): S' = exp(g) S first.
-        expected = ["neg1"] + ([f"exp:{rec.token_gate.input}"] if rec.token_gate else [])
+        # w must be -exp(a) k with a the state's own log decay (or -k without one): S' = exp(a) S first.
+        expected = ["neg1"] + [f"exp:{gt.input}" for gt in (rec.token_gate, rec.head_gate) if gt]
         if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
                 and sorted(_coef_tags(lr.w.coef)) == sorted(expected)):
             raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
                             "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
         names += ["k", "v"]
         inputs += [x.input, y.input]
-    elif rec.family == "general_rank1":
+    elif family == "general_rank1":
         lr = rec.low_rank
         if not all(_is_plain(sv) for sv in (x, y, lr.u, lr.w)):
             raise PlanError("the DPLR kernels need S = diag(exp(g)) S + b (a^T S) + k v^T with k, v, a, b plain "
@@ -417,10 +449,10 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     if rec.head_gate:
         names.append("g_gamma")
         inputs.append(rec.head_gate.input)
-    if rec.family == "delta":
+    if family == "delta":
         names.append("beta")
         inputs.append(_single_input_coef(x))
-    if rec.family == "general_rank1":
+    if family == "general_rank1":
         # the transition's rank-1 part u w^T = b a^T: a reads the state, b writes the read back
         names += ["a", "b"]
         inputs += [rec.low_rank.w.input, rec.low_rank.u.input]
