@@ -47,7 +47,8 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
     x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
     extra = {}
     if bounded:
-        x[rec.token_gate.input] = torch.zeros_like(x[rec.token_gate.input])
+        for gate in rec.decay:  # the token gate and a per-head one: the bound holds for their sum
+            x[gate.input] = torch.zeros_like(x[gate.input])
         extra["gate_lower_bound"] = _AOT_GATE_BOUND
     N = 3 if varlen else B
     h0 = torch.zeros(N, H, K, V, requires_grad=True)

@@ -4,18 +4,20 @@ Every supported update is an instance of
 
     S_t = (diag(α_t) + u_t w_tᵀ) S_{t-1} + x_t y_tᵀ,        o_t = c · S_tᵀ q_t
 
-with α_t = exp(log gate) (1 when there is no gate). The declared update statements are
+with α_t a positive decay (1 when there is none). The declared update statements are
 expanded into a sum of terms, each a product of left factors (a scalar, a diagonal, or a
 rank-1 matrix u wᵀ) applied to the previous state or to a write ``outer(x, y)``; the terms
-are then sorted into the transition's diagonal part, its low-rank part and the write.
-The algorithm family follows from that structure alone (never from the op's name):
-no low-rank term → ``gated``; u and w multiples of one key input → ``delta``; else
-``general_rank1`` (the DPLR form).
+are then sorted into the transition's diagonal part, its low-rank part and the write, and the
+diagonal part's factors are taken to log space (exp(g) → g, sigmoid(f) → -softplus(-f), c > 0 →
+log c). Which kernels run the result follows from that structure alone, never from the op's name:
+the lowering (fla_gen/lower.py) decides.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from enum import Enum
 
 from fla_gen.errors import Pos, SpecErrorFactory
 from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref, Ty, widest
@@ -23,13 +25,29 @@ from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref, Ty, widest
 # ----------------------------------------------------------------------------- normal form
 
 
+class GateKind(Enum):
+    """How a plain gate input varies: per token ([B, T, H]), per token and key channel ([B, T, H, K]),
+    or per head ([H], constant over time)."""
+
+    SCALAR = "scalar"
+    CHANNEL = "channel"
+    HEAD = "head"
+
+
+class FactorKind(Enum):
+    """A left factor of an expanded term: a scalar, a diagonal matrix diag(x), or a rank-1 matrix u wᵀ."""
+
+    SCALAR = "scalar"
+    DIAG = "diag"
+    RANK1 = "rank1"
+
+
 @dataclass(frozen=True)
 class GateTerm:
-    """One input inside the log gate: ``kind`` is ``scalar`` (per token, [B, T, H]),
-    ``channel`` (per token and key channel, [B, T, H, K]) or ``head`` (a per-head constant, [H])."""
+    """One plain input inside the log gate, and how it varies."""
 
     input: str
-    kind: str
+    kind: GateKind
 
 
 @dataclass(frozen=True)
@@ -51,29 +69,30 @@ class LowRank:
 
 @dataclass(frozen=True)
 class Recurrence:
-    """A spec proven to be in the normal form, with its algorithm family.
+    """A spec proven to be in the normal form.
 
-    ``decay``: the terms of the log gate, α = exp(Σ terms) (empty: α = 1);
-    ``decay_kind``: ``none``, ``scalar`` or ``channel``; ``low_rank``: None or u wᵀ;
-    ``write``: x yᵀ; ``query``: the key-dim input q of o = coef · Sᵀ q; ``out_coef``: the
-    scalar factors of the output (params and numbers).
+    ``log_gate``: log α_t as an expression (None: α = 1), ``decay_factors`` the factors it came from;
+    ``decay``: the log gate as plain gate inputs where it is a sum of them (g + g_gamma), else empty;
+    ``low_rank``: None or u wᵀ; ``write``: x yᵀ; ``query``: the read vector q of o = coef · Sᵀ q, its
+    scalar factors peeled off. Which kernels run it is the lowering's choice (fla_gen/lower.py).
     """
 
     spec: CheckedSpec
-    family: str
     decay: tuple[GateTerm, ...]
-    decay_kind: str
     low_rank: LowRank | None
     write: tuple[ScaledVector, ScaledVector]
     query: ScaledVector
+    # log(decay) as an expression (a sum of terms; None: no decay), and the raw factors it came from
+    log_gate: Node | None = None
+    decay_factors: tuple[Node, ...] = ()
 
     @property
     def token_gate(self) -> GateTerm | None:
-        return next((t for t in self.decay if t.kind != "head"), None)
+        return next((t for t in self.decay if t.kind is not GateKind.HEAD), None)
 
     @property
     def head_gate(self) -> GateTerm | None:
-        return next((t for t in self.decay if t.kind == "head"), None)
+        return next((t for t in self.decay if t.kind is GateKind.HEAD), None)
 
 
 # ----------------------------------------------------------------------------- expansion
@@ -81,7 +100,7 @@ class Recurrence:
 
 @dataclass(frozen=True)
 class _Factor:
-    kind: str  # "scal" | "diag" | "rank1"
+    kind: FactorKind
     a: Node
     b: Node | None = None  # w of a rank-1 factor u wᵀ
 
@@ -143,21 +162,21 @@ class _Expander:
         if fn in ("add", "sub"):
             right = self.mat(args[1])
             if fn == "sub":
-                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+                right = self.scale(right, _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
             return self.mat(args[0]) + right
         if fn == "neg":
-            return self.scale(self.mat(args[0]), _Factor("scal", _lit(-1.0, n.pos)))
+            return self.scale(self.mat(args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
         if fn == "mul":
             coef, m = args
             if coef.ty.dims == ():
-                return self.scale(self.mat(m), _Factor("scal", coef))
+                return self.scale(self.mat(m), _Factor(FactorKind.SCALAR, coef))
             if coef.ty.dims[0] != self.spec.key_dim:
                 raise self.err(n.pos, f"'*' scales the state's {coef.ty.dims[0]} columns; a transition scales "
                                       f"its rows: use a [{self.spec.key_dim}] vector (diag(x) @ S)")
-            return self.scale(self.mat(m), _Factor("diag", coef))
+            return self.scale(self.mat(m), _Factor(FactorKind.DIAG, coef))
         if fn == "div":
             inv = Apply("div", (_lit(1.0, n.pos), args[1]), args[1].ty, n.pos)
-            return self.scale(self.mat(args[0]), _Factor("scal", inv))
+            return self.scale(self.mat(args[0]), _Factor(FactorKind.SCALAR, inv))
         if fn == "matmul":
             left, right = args
             if self.has_state(left):
@@ -177,7 +196,7 @@ class _Expander:
                                       "be linear in S, with the state read as S^T @ w")
             vec = self.vec(y)
             terms = tuple(_MatTerm((), (x, c)) for c in vec.const)
-            return terms + tuple(_MatTerm((_Factor("rank1", x, w),), None) for w in vec.reads)
+            return terms + tuple(_MatTerm((_Factor(FactorKind.RANK1, x, w),), None) for w in vec.reads)
         if fn == "transpose":
             raise self.err(n.pos, "a transposed state cannot be updated; the update is A @ S + outer(x, y)")
         raise self.err(n.pos, f"'{fn}' of the state is not linear in S")
@@ -188,11 +207,11 @@ class _Expander:
         if isinstance(n, Apply) and n.fn in ("add", "sub"):
             right = self.free_matrix(n.args[1])
             if n.fn == "sub":
-                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+                right = self.scale(right, _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
             return self.free_matrix(n.args[0]) + right
         if isinstance(n, Apply) and n.fn == "mul":
             coef, m = n.args
-            kind = "scal" if not coef.ty.dims else "diag"
+            kind = FactorKind.SCALAR if not coef.ty.dims else FactorKind.DIAG
             return self.scale(self.free_matrix(m), _Factor(kind, coef))
         raise self.err(n.pos, "a matrix term that is neither outer(x, y) nor applied to the state")
 
@@ -200,16 +219,16 @@ class _Expander:
         """A state-free [K, K] matrix as a sum of factor products (diag, outer, their sums)."""
         if isinstance(n, Apply):
             if n.fn == "diag":
-                return [(_Factor("diag", n.args[0]),)]
+                return [(_Factor(FactorKind.DIAG, n.args[0]),)]
             if n.fn == "outer":
-                return [(_Factor("rank1", n.args[0], n.args[1]),)]
+                return [(_Factor(FactorKind.RANK1, n.args[0], n.args[1]),)]
             if n.fn in ("add", "sub"):
                 right = self.left_operator(n.args[1])
                 if n.fn == "sub":
-                    right = [(_Factor("scal", _lit(-1.0, n.pos)),) + f for f in right]
+                    right = [(_Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)),) + f for f in right]
                 return self.left_operator(n.args[0]) + right
             if n.fn == "mul" and not n.args[0].ty.dims:
-                return [(_Factor("scal", n.args[0]),) + f for f in self.left_operator(n.args[1])]
+                return [(_Factor(FactorKind.SCALAR, n.args[0]),) + f for f in self.left_operator(n.args[1])]
             if n.fn == "matmul":
                 return [a + b for a in self.left_operator(n.args[0]) for b in self.left_operator(n.args[1])]
         raise self.err(n.pos, "the matrix applied to the state must be built from diag(x), outer(u, w), "
@@ -256,9 +275,9 @@ class _Expander:
             if m.fn == "transpose":
                 return self.mat(m.args[0])
             if m.fn == "mul" and not m.args[0].ty.dims:
-                return self.scale(self.transposed(m.args[1]), _Factor("scal", m.args[0]))
+                return self.scale(self.transposed(m.args[1]), _Factor(FactorKind.SCALAR, m.args[0]))
             if m.fn == "neg":
-                return self.scale(self.transposed(m.args[0]), _Factor("scal", _lit(-1.0, m.pos)))
+                return self.scale(self.transposed(m.args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, m.pos)))
         raise self.err(m.pos, f"the state is read as {self.spec.state_name}^T @ w; this matrix is not a "
                               f"(scaled) transposed state")
 
@@ -269,7 +288,7 @@ class _Expander:
         for t in terms:
             wt = w
             for f in t.factors:  # (F1 F2 ... T)ᵀ w = Tᵀ ... F2ᵀ F1ᵀ w: F1 acts first
-                if f.kind in ("scal", "diag"):
+                if f.kind in (FactorKind.SCALAR, FactorKind.DIAG):
                     wt = _mul(f.a, wt, pos)
                 else:  # (u bᵀ)ᵀ w = b (u·w)
                     wt = _mul(_dot(f.a, wt, pos), f.b, pos)
@@ -301,47 +320,60 @@ class _Sorter:
         self.err = SpecErrorFactory(spec.path, spec.source)
         self.pos = pos
 
-    def log_gate(self, factor: _Factor) -> tuple[GateTerm, ...]:
-        """A diagonal factor must be exp(sum of gate inputs), or the number 1."""
-        n = factor.a
-        if isinstance(n, Lit) and n.value == 1.0:
-            return ()
-        if not (isinstance(n, Apply) and n.fn == "exp"):
-            raise self.err(n.pos, "the state's decay must be exp(g) of a log-space gate (decay = exp(g))",
-                           "write the gate in log space, e.g. 'exp(g) * S' with g = log(decay)")
-        return self.gate_terms(n.args[0])
+    def log_factor(self, n: Node) -> Node | None:
+        """log(n) of a diagonal factor the compiler can prove positive, as an expression (None for the
+        number 1): exp(x) -> x, sigmoid(x) -> -softplus(-x), a positive number c -> log(c), and products
+        and quotients of those. Anything else is refused with the way to write it."""
+        if isinstance(n, Lit):
+            if n.value == 1.0:
+                return None
+            if n.value > 0:
+                return _lit(math.log(n.value), n.pos)
+            raise self.err(n.pos, f"the state's decay {n.value:g} is not positive; a decay multiplies the state by "
+                                  f"a positive factor", "write it as exp(g) with g = log(decay)")
+        if isinstance(n, Apply):
+            if n.fn == "exp":
+                return n.args[0]
+            if n.fn == "sigmoid":  # log(sigmoid(x)) = -softplus(-x), finite for every x
+                x = n.args[0]
+                return _neg(Apply("softplus", (_neg(x, n.pos),), x.ty, n.pos), n.pos)
+            if n.fn in ("mul", "div"):
+                a, b = (self.log_factor(x) for x in n.args)
+                if b is not None and n.fn == "div":
+                    b = _neg(b, n.pos)
+                if a is None or b is None:
+                    return a if b is None else b
+                dims = a.ty.dims or b.ty.dims
+                return Apply("add", (a, b), Ty(dims, widest(a.ty.varies, b.ty.varies)), n.pos)
+        raise self.err(n.pos, "the state's decay must be a factor the compiler can prove positive: exp(g), "
+                              "sigmoid(f), a positive number, or a product of those",
+                       "write a log-space gate as 'exp(g) * S' (decay = exp(g)), or a sigmoid gate as "
+                       "'sigmoid(f) * S'")
 
-    def gate_terms(self, n: Node) -> tuple[GateTerm, ...]:
-        if isinstance(n, Apply) and n.fn == "add":
-            return self.gate_terms(n.args[0]) + self.gate_terms(n.args[1])
-        if isinstance(n, Ref) and n.role == "input":
-            info = self.spec.input(n.name)
-            if info.vec_dim not in (None, self.spec.key_dim):
-                raise self.err(n.pos, f"gate '{n.name}' runs over {info.vec_dim}; a gate is a scalar or runs over "
-                                      f"the key dim {self.spec.key_dim}")
-            if not info.per_token:
-                if info.vec_dim:
-                    raise self.err(n.pos, f"a per-head gate over channels ([H, {info.vec_dim}]) is not supported; "
-                                          "use [H] or [B, T, H, K]")
-                return (GateTerm(n.name, "head"),)
-            return (GateTerm(n.name, "channel" if info.vec_dim else "scalar"),)
-        raise self.err(n.pos, "the log gate must be a gate input or a sum of gate inputs (g + g_gamma)")
-
-    def decay(self, diag_terms: list[_MatTerm]) -> tuple[GateTerm, ...]:
+    def decay(self, diag_terms: list[_MatTerm]) -> tuple[Node | None, tuple[Node, ...]]:
+        """The log gate (a sum of expressions, None for no decay) and the raw decay factors."""
         if not diag_terms:
             raise self.err(self.pos, "the update drops the previous state: no term carries S over",
                            "e.g. 'update S = exp(g) * S + outer(k, v)'")
         if len(diag_terms) > 1:
             raise self.err(diag_terms[1].factors[0].a.pos if diag_terms[1].factors else self.pos,
                            "the state is carried over by two diagonal terms; merge them into one decay exp(g) * S")
-        terms: tuple[GateTerm, ...] = ()
-        for f in diag_terms[0].factors:
-            terms += self.log_gate(f)
-        token = [t for t in terms if t.kind != "head"]
-        head = [t for t in terms if t.kind == "head"]
-        if len(token) > 1 or len(head) > 1:
-            raise self.err(self.pos, "at most one per-token gate and one per-head gate may decay the state")
-        return terms
+        log_gate: Node | None = None
+        factors = tuple(f.a for f in diag_terms[0].factors)
+        for f in factors:
+            term = self.log_factor(f)
+            if term is None:
+                continue
+            if log_gate is None:
+                log_gate = term
+            else:
+                dims = log_gate.ty.dims or term.ty.dims
+                log_gate = Apply("add", (log_gate, term), Ty(dims, widest(log_gate.ty.varies, term.ty.varies)),
+                                 term.pos)
+        if log_gate is not None and log_gate.ty.dims not in ((), (self.spec.key_dim,)):
+            raise self.err(log_gate.pos, f"the decay runs over {log_gate.ty.dims[0]}; a decay is a scalar or runs "
+                                         f"over the key dim {self.spec.key_dim} (diag(x) @ S)")
+        return log_gate, factors
 
     def low_rank(self, terms: list[_MatTerm]) -> LowRank | None:
         if not terms:
@@ -349,7 +381,7 @@ class _Sorter:
         if len(terms) > 1:
             raise self.err(self.pos, f"the transition has {len(terms)} low-rank terms; one (rank 1) is supported")
         (t,) = terms
-        ranks = [i for i, f in enumerate(t.factors) if f.kind == "rank1"]
+        ranks = [i for i, f in enumerate(t.factors) if f.kind is FactorKind.RANK1]
         if len(ranks) > 1:
             raise self.err(self.pos, "a term applies two rank-1 factors to the state; one is supported")
         i = ranks[0]
@@ -368,14 +400,14 @@ class _Sorter:
         (t,) = terms
         x, y = t.tail
         for f in reversed(t.factors):
-            if f.kind == "rank1":
+            if f.kind is FactorKind.RANK1:
                 raise self.err(self.pos, "a rank-1 matrix applied to a write term is not supported")
             x = _mul(f.a, x, self.pos)
         return _split_scaled(x), _split_scaled(y)
 
 
 def canonicalize(spec: CheckedSpec) -> Recurrence:
-    """Prove that the spec's update has the normal form and pick its algorithm family.
+    """Prove that the spec's update has the normal form.
 
     Raises:
         SpecError: naming the term that does not fit (not linear in S, two decays, ...).
@@ -385,10 +417,9 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         ex.state = ex.mat(update)
     first = spec.updates[0].pos
     sorter = _Sorter(spec, first)
-    diag_terms = [t for t in ex.state if t.tail is None and all(f.kind != "rank1" for f in t.factors)]
-    rank_terms = [t for t in ex.state if t.tail is None and any(f.kind == "rank1" for f in t.factors)]
+    diag_terms = [t for t in ex.state if t.tail is None and all(f.kind is not FactorKind.RANK1 for f in t.factors)]
+    rank_terms = [t for t in ex.state if t.tail is None and any(f.kind is FactorKind.RANK1 for f in t.factors)]
     write_terms = [t for t in ex.state if t.tail is not None]
-    decay = sorter.decay(diag_terms)
     low_rank = sorter.low_rank(rank_terms)
     write = sorter.write(write_terms)
 
@@ -399,16 +430,35 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         raise err(spec.output.pos, f"the output must be c * {spec.state_name}^T @ q: one read of the state "
                                    "times scalars, nothing else")
     query = _split_scaled(out.reads[0])
-    if query.input is None or any(c.ty.varies not in ("const", "param") for c in query.coef):
-        raise err(spec.output.pos, f"the output must read the state with one key input, {spec.state_name}^T @ q, "
-                                   "times call-time scalars such as scale")
+    if query.expr.ty.varies == "state":
+        raise err(spec.output.pos, f"the output must read the state once, c * {spec.state_name}^T @ q")
 
-    kinds = {t.kind for t in decay}
-    decay_kind = "channel" if "channel" in kinds else ("scalar" if kinds else "none")
-    if low_rank is None:
-        family = "gated"
-    elif low_rank.u.input is not None and low_rank.u.input == low_rank.w.input:
-        family = "delta"
-    else:
-        family = "general_rank1"
-    return Recurrence(spec, family, decay, decay_kind, low_rank, write, query)
+    log_gate, decay_factors = sorter.decay(diag_terms)
+    return Recurrence(spec, _plain_gate_terms(spec, log_gate) or (), low_rank, write, query, log_gate, decay_factors)
+
+
+def _sum_terms(n: Node) -> tuple[Node, ...]:
+    """The additive terms of an expression (a - b as a + (-b))."""
+    if isinstance(n, Apply) and n.fn == "add":
+        return _sum_terms(n.args[0]) + _sum_terms(n.args[1])
+    if isinstance(n, Apply) and n.fn == "sub":
+        return _sum_terms(n.args[0]) + tuple(_neg(t, n.pos) for t in _sum_terms(n.args[1]))
+    return (n,)
+
+
+def _plain_gate_terms(spec: CheckedSpec, log_gate: Node | None) -> tuple[GateTerm, ...] | None:
+    """The log gate as plain gate inputs (``g + g_gamma``), or None when a term is any other expression."""
+    if log_gate is None:
+        return ()
+    terms = []
+    for t in _sum_terms(log_gate):
+        if not (isinstance(t, Ref) and t.role == "input"):
+            return None
+        info = spec.input(t.name)
+        kind = (GateKind.CHANNEL if info.vec_dim else GateKind.SCALAR) if info.per_token else GateKind.HEAD
+        if kind is GateKind.HEAD and info.vec_dim:
+            return None
+        terms.append(GateTerm(t.name, kind))
+    token = [t for t in terms if t.kind is not GateKind.HEAD]
+    head = [t for t in terms if t.kind is GateKind.HEAD]
+    return tuple(terms) if len(token) <= 1 and len(head) <= 1 else None

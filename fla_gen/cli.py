@@ -11,6 +11,7 @@ from fla_gen.canonical import Recurrence, canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import GeneratedFile, emit_package
 from fla_gen.errors import SpecError
+from fla_gen.lower import explain, lower
 from fla_gen.parse import read_spec
 from fla_gen.plan import ARCHS, DTYPES, PlanError, plan_algorithm, select_algorithms
 from fla_gen.write import diff_files, stale_packages, write_files
@@ -91,10 +92,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         rec = load_recurrence(Path(args.spec))
-        algos = [a for a in select_algorithms(rec) if a is not None]
+        algos = select_algorithms(rec)
         plans = [plan_algorithm(rec, a, args.arch, args.dtype, args.head_dim) for a in algos]
         labels = [a.name for a in algos]
-        if algos[0].chunked and algos[0].bounded_chunk_size:
+        if algos[0].bounded_chunk_size:
             # the chunk plan for calls that pass gate_lower_bound
             try:
                 plans.append(plan_algorithm(rec, algos[0], args.arch, args.dtype, args.head_dim, bounded=True))
@@ -108,8 +109,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"fla-gen plan: {e}", file=sys.stderr)
         return EXIT_USAGE
     arch = ARCHS[args.arch]
-    gates = ", ".join(f"{t.input} ({t.kind})" for t in rec.decay) or "none"
-    print(f"op {rec.spec.op}: family {rec.family}; decay {rec.decay_kind} [{gates}]")
+    print(f"op {rec.spec.op}")
+    element_bytes = 4 if args.dtype == "fp32" else 2
+    for line in explain(lower(rec), args.head_dim, args.head_dim, element_bytes):
+        print(line)
     print(f"target {arch.name}: {arch.reason}")
     for label, p in zip(labels, plans, strict=True):
         print(f"\n{label}  ({args.dtype}, head dim {args.head_dim} -> bucket {p.head_dim})")

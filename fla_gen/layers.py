@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fla_gen.features import RankOne
+
 
 @dataclass(frozen=True)
 class LayerState:
@@ -52,7 +54,7 @@ class OpPair:
     chunk: object
     fused_recurrent: object
     inputs: tuple[tuple[str, str, str, bool], ...]
-    family: str
+    family: RankOne
 
     @staticmethod
     def from_package(pkg: ModuleType) -> OpPair:
@@ -128,7 +130,7 @@ class RecurrentLayer(nn.Module):
             (decoding); longer ones, and calls without past_state, the chunked op.
     """
 
-    family: str | None = None  # subclasses accept only packages of this family
+    family: RankOne | None = None  # subclasses accept only packages of this rank-1 kind
 
     def __init__(self, ops: ModuleType | OpPair, hidden_size: int, num_heads: int, head_k_dim: int,
                  head_v_dim: int | None = None, conv_size: int = 4, gate_normalizer: float = 16.0,
@@ -136,9 +138,9 @@ class RecurrentLayer(nn.Module):
         super().__init__()
         self.ops = ops if isinstance(ops, OpPair) else OpPair.from_package(ops)
         if self.family is not None and self.ops.family != self.family:
-            other = {"delta": "DeltaLayer", "general_rank1": "DPLRLayer"}.get(self.ops.family, "GatedLayer")
-            raise TypeError(f"{type(self).__name__} needs an op of the {self.family} family, got one of the "
-                            f"{self.ops.family} family; use {other}")
+            other = _LAYER_OF[self.ops.family].__name__
+            raise TypeError(f"{type(self).__name__} needs an op whose rank-1 part is {self.family.value}, got "
+                            f"{self.ops.family.value}; use {other}")
         self.H, self.K, self.V = num_heads, head_k_dim, head_v_dim or head_k_dim
         self.conv_size, self.gate_normalizer, self.decode_max_tokens = conv_size, gate_normalizer, decode_max_tokens
         width = {"K": self.K, "V": self.V, "": 1}
@@ -235,13 +237,13 @@ class RecurrentLayer(nn.Module):
 class GatedLayer(RecurrentLayer):
     """A layer for the gated family (linear attention, simple GLA / retention, GLA)."""
 
-    family = "gated"
+    family = RankOne.NONE
 
 
 class DeltaLayer(RecurrentLayer):
     """A layer for the delta family (DeltaNet, gated DeltaNet): q and k are L2-normalized per head."""
 
-    family = "delta"
+    family = RankOne.DELTA
 
     def _mix(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
@@ -255,7 +257,7 @@ class DPLRLayer(RecurrentLayer):
     """A layer for the general rank-1 (DPLR) family (RWKV-7, fla's generalized delta rule), with RWKV-7's
     parameterization of the rank-1 term and of the decay (see the module docstring)."""
 
-    family = "general_rank1"
+    family = RankOne.GENERAL
 
     def _gate(self, p: torch.Tensor) -> torch.Tensor:
         return _RWKV7_GATE_BOUND * torch.sigmoid(p)
@@ -266,11 +268,14 @@ class DPLRLayer(RecurrentLayer):
         return {"gate_lower_bound": 1.01 * _RWKV7_GATE_BOUND}
 
 
+# The layer of each rank-1 kind.
+_LAYER_OF: dict[RankOne, type[RecurrentLayer]] = {
+    RankOne.NONE: GatedLayer, RankOne.DELTA: DeltaLayer, RankOne.GENERAL: DPLRLayer,
+}
+
+
 def layer_for(pkg: ModuleType, hidden_size: int, num_heads: int, head_k_dim: int, **kwargs) -> RecurrentLayer:
     """The layer class that fits the package's family (GatedLayer, DeltaLayer or DPLRLayer), built with
     ``kwargs``."""
     ops = OpPair.from_package(pkg)
-    cls = {"gated": GatedLayer, "delta": DeltaLayer, "general_rank1": DPLRLayer}.get(ops.family)
-    if cls is None:
-        raise TypeError(f"no layer for the {ops.family} family")
-    return cls(ops, hidden_size, num_heads, head_k_dim, **kwargs)
+    return _LAYER_OF[ops.family](ops, hidden_size, num_heads, head_k_dim, **kwargs)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
+from fla_gen.features import Family, KernelFeatures, RankOne
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
 from fla_gen.tuned import tuned_config
 
@@ -324,150 +325,70 @@ class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
 
 
-def select_algorithms(rec: Recurrence) -> tuple[Algorithm | None, Algorithm]:
-    """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure. The token-by-token
-    template covers every recurrence; the chunk side is None where no chunk template covers it yet."""
-    recurrent = ALGORITHMS["fused_recurrent"]
-    family = kernel_family(rec)
-    if family == "gated":
-        chunk = ALGORITHMS["chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"]
-        if rec.token_gate is None and rec.head_gate is None:
-            chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
-        return chunk, recurrent
-    if family == "delta":
-        # chunk_delta takes a scalar per-token gate or none
-        chunked = rec.decay_kind != "channel" and rec.head_gate is None
-        return (ALGORITHMS["chunk_delta"] if chunked else None), recurrent
-    if family == "general_rank1":
-        # chunk_dplr takes a per-channel gate or none
-        chunked = rec.decay_kind != "scalar" and rec.head_gate is None
-        return (ALGORITHMS["chunk_dplr"] if chunked else None), recurrent
-    raise PlanError(f"no kernels for the '{rec.family}' family; supported: gated, delta, general_rank1")
+# The chunk algorithm of each kernel family, and the decode algorithm of each rank-1 kind.
+CHUNK_ALGORITHM: dict[Family, str] = {
+    Family.GATED_SCALAR: "chunk_scalar_gate",
+    Family.GATED_CHANNEL: "chunk_channel_gate",
+    Family.DELTA: "chunk_delta",
+    Family.GENERAL: "chunk_dplr",
+}
+RECURRENT_ALGORITHM: dict[RankOne, str] = {r: "fused_recurrent" for r in RankOne}
 
 
-def _is_channel_delta(rec: Recurrence) -> bool:
-    """Whether a general rank-1 term is the delta rule on the per-channel decayed state (KDA): the write
-    beta * outer(k, v) and the rank-1 term -beta k (exp(g) * k)^T with g the state's own log decay (the
-    per-channel gate, plus the per-head one if any)."""
-    lr, (x, y) = rec.low_rank, rec.write
-    if lr is None or rec.decay_kind != "channel" or lr.w.input is not None:
-        return False
-    beta = _single_input_coef(x)
-    w = lr.w.expr
-    if not (beta and _is_plain(y) and lr.u.input == x.input and _single_input_coef(lr.u) == beta
-            and _coef_tags(lr.w.coef) == ["neg1"] and getattr(w, "fn", None) == "mul" and len(w.args) == 2):
-        return False
-    gate, key = w.args
-    if getattr(gate, "fn", None) != "exp" or getattr(key, "role", None) != "input" or key.name != x.input:
-        return False
-    log_gate = gate.args[0]
-    terms = log_gate.args if getattr(log_gate, "fn", None) == "add" else (log_gate,)  # exp(g + g_gamma)
-    return (all(getattr(t, "role", None) == "input" for t in terms)
-            and sorted(t.name for t in terms) == sorted(gt.input for gt in (rec.token_gate, rec.head_gate) if gt))
+def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:
+    """The kernel features of a recurrence (lowered here), or the features themselves."""
+    if isinstance(rec, KernelFeatures):
+        return rec
+    from fla_gen.lower import lower  # lower builds on canonical, as this module does
+
+    return lower(rec).features
 
 
-def kernel_family(rec: Recurrence) -> str:
-    """The family whose kernel arguments a recurrence binds: its canonical family, except a general
-    rank-1 term that is the delta rule on a per-channel decayed state (S = (I - beta k kᵀ) diag(exp(g)) S
-    + beta k vᵀ), which binds as delta (q, k, v, g, beta)."""
-    return "delta" if rec.family == "general_rank1" and _is_channel_delta(rec) else rec.family
+def select_algorithms(rec: Recurrence | KernelFeatures) -> tuple[Algorithm, Algorithm]:
+    """The (chunk, fused recurrent) algorithms for a recurrence's kernel features."""
+    features = kernel_features(rec)
+    chunk = ALGORITHMS[CHUNK_ALGORITHM[features.family]]
+    if not features.any_decay:
+        chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
+    return chunk, ALGORITHMS[RECURRENT_ALGORITHM[features.rank1]]
 
 
 @dataclass(frozen=True)
 class KernelInputs:
-    """The tensors the launchers take: fixed launcher names (q, k, v, g, g_gamma, beta) bound to
-    the spec's input names."""
+    """The tensors the launchers take: fixed launcher names (q, k, v, g, g_gamma, beta, a, b) and the
+    declared input each reads directly (None where the lowering derives the value)."""
 
     names: tuple[str, ...]
-    inputs: tuple[str, ...]
-
-
-def _is_plain(sv) -> bool:
-    return sv.input is not None and not sv.coef
-
-
-def _single_input_coef(sv) -> str | None:
-    """The name of the one per-token scalar input that scales ``sv`` (β in β k), else None."""
-    if len(sv.coef) == 1 and getattr(sv.coef[0], "role", None) == "input":
-        return sv.coef[0].name
-    return None
-
-
-def _coef_tags(coef) -> list[str]:
-    """Scalar factors as tags: -1 -> "neg1", exp(g) -> "exp:g", anything else -> "other"."""
-    tags = []
-    for c in coef:
-        if getattr(c, "value", None) == -1.0:
-            tags.append("neg1")
-        elif getattr(c, "fn", None) == "exp" and getattr(c.args[0], "role", None) == "input":
-            tags.append(f"exp:{c.args[0].name}")
-        elif (getattr(c, "fn", None) == "exp" and getattr(c.args[0], "fn", None) == "add"
-              and all(getattr(x, "role", None) == "input" for x in c.args[0].args)):
-            tags += [f"exp:{x.name}" for x in c.args[0].args]  # exp(g + g_gamma)
-        else:
-            tags.append("other")
-    return tags
+    inputs: tuple[str | None, ...]
 
 
 def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
-    """Match the recurrence's terms to the kernels' arguments, or say which term does not fit."""
-    x, y = rec.write
-    names, inputs = ["q"], [rec.query.input]
-    family = kernel_family(rec)
-    if family == "gated":
-        if not (_is_plain(x) and _is_plain(y)):
-            raise PlanError("the gated kernels need the write term outer(k, v) of two plain inputs")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    elif family == "delta" and rec.decay_kind == "channel":
-        # _is_channel_delta matched w = -exp(g) * k elementwise
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    elif family == "delta":
-        beta = _single_input_coef(x)
-        lr = rec.low_rank
-        # w must be -exp(a) k with a the state's own log decay (or -k without one): S' = exp(a) S first.
-        expected = ["neg1"] + [f"exp:{gt.input}" for gt in (rec.token_gate, rec.head_gate) if gt]
-        if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
-                and sorted(_coef_tags(lr.w.coef)) == sorted(expected)):
-            raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
-                            "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    elif family == "general_rank1":
-        lr = rec.low_rank
-        if not all(_is_plain(sv) for sv in (x, y, lr.u, lr.w)):
-            raise PlanError("the DPLR kernels need S = diag(exp(g)) S + b (a^T S) + k v^T with k, v, a, b plain "
-                            "inputs (no scalar factors): fold a factor into the input it scales")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    else:
-        raise PlanError(f"no kernel bindings for the '{rec.family}' family yet")
-    if rec.token_gate:
-        names.append("g")
-        inputs.append(rec.token_gate.input)
-    if rec.head_gate:
-        names.append("g_gamma")
-        inputs.append(rec.head_gate.input)
-    if family == "delta":
-        names.append("beta")
-        inputs.append(_single_input_coef(x))
-    if family == "general_rank1":
-        # the transition's rank-1 part u w^T = b a^T: a reads the state, b writes the read back
-        names += ["a", "b"]
-        inputs += [rec.low_rank.w.input, rec.low_rank.u.input]
-    return KernelInputs(tuple(names), tuple(inputs))
+    """The launchers' arguments and the inputs bound to them (fla_gen/lower.py decides)."""
+    from fla_gen.lower import lower
+
+    lowered = lower(rec)
+    return KernelInputs(lowered.features.kernel_args, tuple(s.input for s in lowered.slots))
 
 
-def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
+def _row_gate(features: KernelFeatures) -> bool:
+    """Whether a DPLR recurrence decays by one log gate per token (per-token scalar and/or per-head)."""
+    return features.general and features.any_decay and not features.channel_decay
+
+
+def plan_chunk_size(rec: Recurrence | KernelFeatures, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
-    if rec.family == "general_rank1":
+    features = kernel_features(rec)
+    if _row_gate(features):
+        return 16, ("16-token chunks (the per-channel gate's, not measured for this path): with one log gate per "
+                    "token the pairwise decays exp(G_t - G_s) are a [16, 16] tile that scales tensor-core dots x y^T, "
+                    "safe for any gate")
+    if features.general:
         return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots "
                     "of factors around the middle row on every K block whose gates move at most "
                     "launch.factor_span inside the chunk (checked at run time), else built entry by entry in "
                     "[16, 16, BK] register tiles (never a factor that can overflow)")
-    if rec.decay_kind == "channel":
+    if features.channel_decay:
         return 64, "64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1"
     return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
 
@@ -511,9 +432,10 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
-                bounded: bool = False) -> LaunchConfig:
+                bounded: bool = False, row_gate: bool = False) -> LaunchConfig:
     """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
-    gate lower bound (plan_algorithm)."""
+    gate lower bound (plan_algorithm); ``row_gate``: the recurrence decays by one log gate per token (its
+    pair_tiles kernels take plain dots times [BT, BT] decays)."""
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
@@ -528,6 +450,10 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                             f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
                             f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
                             f"by entry; {warps_why}")
+    if shape.pair_tiles and row_gate:
+        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the "
+                                              f"[{chunk_size}, {chunk_size}] decays of one gate per token (the "
+                                              f"per-channel gate's tiles, not measured for this path); {warps_why}")
     if shape.pair_tiles and bounded:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
@@ -583,14 +509,14 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
-def plan_fused_walk(rec: Recurrence, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
+def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
                     head_dim: int, chunk_size: int) -> LaunchConfig:
     """The config of fwd_fused, the forward that walks the chunks with a whole-K state and writes the outputs
     in one kernel: the measured tiles of FUSED_WALK_TILES (algorithm, a gate or not, head dim), their V tile halved (to
     16) until 2 or more pipeline stages fit the target's shared memory, and the share of the SMs its grid must
     reach at run time (FUSED_WALK_SHARE); min_sm_share None on a target outside FUSED_WALK_ARCHS or where no
     tile fits (the launcher then always takes fwd_h + fwd_o)."""
-    gated = rec.decay_kind != "none"
+    gated = kernel_features(rec).any_decay
     tiles = FUSED_WALK_TILES[(algorithm, gated, head_dim)]
     if tiles is None:
         return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was no faster than fwd_h + fwd_o on "
@@ -634,7 +560,7 @@ def _bounded_config(rule: tuple[int, int, str] | None, cfg: LaunchConfig) -> Lau
     return LaunchConfig(cfg.block_k, block_v or cfg.block_v, warps, cfg.num_stages, reason)
 
 
-def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
+def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
                    bounded: bool = False) -> Plan:
     """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
     measured entry of fla_gen/tuned.py for the same kernel and target. ``bounded``: the plan for calls
@@ -646,6 +572,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     if head_dim > 256 or head_dim < 1:
         raise PlanError(f"head dim {head_dim} is outside 1..256, the range these kernels tile")
     arch = ARCHS[arch_name]
+    rec = kernel_features(rec)
     bucket = head_dim_bucket(head_dim)
     gate_bound = None
     if bounded:
@@ -656,6 +583,10 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
         bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
                   f"middle row stays below e^86 (fla's gate_bound_is_safe), so the pairwise decays are "
                   f"tensor-core dots")
+        if _row_gate(rec):
+            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f} (the per-channel "
+                      f"gate's bounded plan, not measured for this path; with one log gate per token the pairwise "
+                      f"decays are dots times [{bt}, {bt}] decays whatever the bound)")
     elif algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
@@ -665,7 +596,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     # drops the whole plan row.
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
                      else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
+                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec))) for k in algo.kernels)
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))
@@ -674,16 +605,17 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 
 
-def plan_table(rec: Recurrence, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
+def plan_table(rec: Recurrence | KernelFeatures, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
     """Every (arch, dtype, head-dim bucket) plan of an algorithm that fits its target, in a fixed
     order; a combination with no plan is left out, and a call that needs it is refused on the host.
     ``bounded``: the plans for calls with a gate lower bound (see plan_algorithm)."""
+    features = kernel_features(rec)
     plans = []
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in HEAD_DIM_BUCKETS:
                 try:
-                    plans.append(plan_algorithm(rec, algo, arch, dtype, hd, bounded))
+                    plans.append(plan_algorithm(features, algo, arch, dtype, hd, bounded))
                 except PlanError:
                     continue
     return tuple(plans)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref
 
 _TORCH_FN = {"exp": "torch.exp", "log": "torch.log", "sigmoid": "torch.sigmoid",
@@ -115,8 +116,6 @@ def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
     ``fla_gen.runtime.rotary.rope_reference`` with ``positions`` ([B, T]) and the rotary dim
     evaluated from the head-dim locals.
     """
-    from fla_gen.emit import render_scalar  # the host-side scalar renderer; emit imports this module
-
     r = TorchExpr(spec.state_name, whole=True)
     lines = []
     for tr in spec.transforms:

@@ -7,7 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fla_gen.canonical import Recurrence
+from fla_gen.canonical import GateKind, Recurrence
+from fla_gen.features import RankOne
+from fla_gen.lower import lower
 
 
 def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype,
@@ -26,13 +28,14 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
     spec = rec.spec
     gate_kind = {t.input: t.kind for t in rec.decay}
+    rank1 = lower(rec).features.rank1
     # A rank-1 transition (I - beta k k^T) is a contraction only for unit-norm keys: normalize
     # the keys it reads and the queries, as delta-rule models do (Yang et al., 2024).
     unit_norm = {rec.query.input, rec.low_rank.u.input, rec.low_rank.w.input} if rec.low_rank else set()
     # A general rank-1 term b a^T is drawn as RWKV-7 parameterizes it (Peng et al., 2025): a = -k̂ and
     # b = η k̂, k̂ unit-norm and η in (0, 1) per token, so diag(α) + b a^T = diag(α) - η k̂ k̂^T contracts.
     rank1_pair = None
-    if rec.family == "general_rank1" and rec.low_rank.u.input and rec.low_rank.w.input:
+    if rank1 is RankOne.GENERAL and rec.low_rank.u.input and rec.low_rank.w.input:
         rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
     transformed = set(spec.transformed)
     unit_norm -= transformed
@@ -41,7 +44,7 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     for i in spec.inputs:
         shape = [dims[d] for d in i.dims]
         kind = gate_kind.get(i.name)
-        if kind == "head":
+        if kind is GateKind.HEAD:
             x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64, device="cpu"))).float()
         elif kind is not None:
             x = F.logsigmoid(torch.randn(shape, generator=gen, device="cpu"))

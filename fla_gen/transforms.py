@@ -21,8 +21,9 @@ import math
 from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
+from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Lit, Node, Ref, TransformInfo
-from fla_gen.plan import KernelInputs
+from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read
 from fla_gen.reference import L2NORM_EPS
 
 
@@ -43,6 +44,11 @@ class Layout:
         """Code reducing the vector ``x`` over the head dim to a per-row scalar."""
         keep = ", keep_dims=True" if self.keep_dims else ""
         return f"tl.sum({x}, axis={self.axis}{keep})"
+
+    def broadcast(self, x: str, dim: str) -> str:
+        """Code of the per-row scalar ``x`` repeated over the head dim ``dim`` ("K" or "V")."""
+        shape = f"[BR, B{dim}]" if self.keep_dims else f"[B{dim}]"
+        return f"tl.broadcast_to({x}, {shape})"
 
     def gather(self, x: str, idx: str) -> str:
         """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
@@ -68,20 +74,23 @@ class RopeArgs:
 
 @dataclass(frozen=True)
 class TransformKernel:
-    """What the transform templates render.
+    """What the pass templates render: the spec's transforms and the lowering's derived slots.
 
-    ``targets``: (input, "K" | "V" | "") per transformed input, "" for a per-token scalar;
-    ``heads``: per-head [H] inputs the transforms read; ``dims``: the head dims with vectors;
-    ``fwd``: statements computing every target's final value ``outs[name]`` from ``raw[name]``, in the
-    spec's order; ``bwd_fwd``: the same values as the backward kernel recomputes them, with norms
-    ahead of rotations (:func:`norms_before_rotations`); ``bwd``: statements after ``bwd_fwd`` that
-    accumulate gradients, from ``dy_<name>`` loaded into ``grads_in[name]``, into ``grads_out[name]``
-    (targets and per-head inputs). These are in the :data:`TILE` layout; ``row_fwd`` is ``fwd`` in the
-    :data:`ROW` layout (same names).
+    ``sources``: (input, "K" | "V" | "") per per-token input the pass reads, "" for a scalar per token;
+    ``outputs``: (kernel argument, "K" | "V" | "") per slot the pass computes (fla_gen/lower.py: a
+    transformed input, or a DERIVED slot), named by the kernel argument it feeds;
+    ``heads``: per-head [H] inputs the pass reads; ``dims``: the head dims with vectors;
+    ``fwd``: statements computing every output ``outs[name]`` from the loaded ``raw[name]``, the
+    transforms in the spec's order, then the derived slots; ``bwd_fwd``: the same values as the backward
+    kernel recomputes them, with norms ahead of rotations (:func:`norms_before_rotations`); ``bwd``:
+    statements after ``bwd_fwd`` that accumulate gradients, from ``dy_<output>`` loaded into
+    ``grads_in[output]``, into ``grads_out[name]`` (sources and per-head inputs). These are in the
+    :data:`TILE` layout; ``row_fwd`` is ``fwd`` in the :data:`ROW` layout (same names).
     """
 
     op: str
-    targets: tuple[tuple[str, str], ...]
+    sources: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
     heads: tuple[str, ...]
     dims: tuple[str, ...]
     ropes: tuple[RopeArgs, ...]
@@ -91,7 +100,7 @@ class TransformKernel:
     bwd: tuple[str, ...]
     grads_in: dict
     grads_out: dict
-    fp32_outputs: tuple[str, ...]  # targets stored as float32 (log gates)
+    fp32_outputs: tuple[str, ...]  # outputs stored as float32 (log gates)
     row_fwd: tuple[str, ...]
     bwd_fwd: tuple[str, ...]
 
@@ -225,6 +234,8 @@ class _Lowering:
             elif fn == "div":
                 add(args[0], f"{dy} / {args[1]}", s)
                 add(args[1], f"-{dy} * {args[0]} / ({args[1]} * {args[1]})", s)
+            elif fn == "broadcast":
+                add(a, dy, s)
             elif fn in _UNARY_VJP:
                 add(a, _UNARY_VJP[fn].format(dy=dy, x=a, y=v), s)
             elif fn == "l2norm":
@@ -278,42 +289,56 @@ def norms_before_rotations(transforms: tuple[TransformInfo, ...]) -> tuple[Trans
     return tuple(out)
 
 
-def plan_transforms(rec: Recurrence) -> TransformKernel | None:
-    """The fused transform kernels of a spec, or None when it declares no transforms.
+def pass_outputs(lowered: Lowered) -> tuple[Slot, ...]:
+    """The slots the generated pass computes: DERIVED slots, and INPUT slots of a transformed input."""
+    transformed = set(lowered.rec.spec.transformed)
+    return tuple(s for s in lowered.slots if s.source is SlotSource.DERIVED
+                 or (s.source is SlotSource.INPUT and s.input in transformed))
+
+
+def plan_transforms(lowered: Lowered) -> TransformKernel | None:
+    """The generated pass of a recurrence (its transforms and derived slots), or None when there is none.
 
     Raises:
         ValueError: a transform uses a function these kernels cannot lower.
     """
-    if not rec.spec.transforms:
+    if not pass_outputs(lowered):
         return None
     # The forward keeps the spec's order: norm-first measured 0.156 against 0.134 ms for the rope +
     # l2norm forward kernel (H100, benchmarks/transform_breakdown.py), while it saves the backward a gather.
     # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
     # process; benchmarks/results/2026-11-24_h100_decode_rope_partner_ab_s8.txt).
-    tile = _lower_transforms(rec, TILE, norms_first=False, input_partners=True)
-    row = _lower_transforms(rec, ROW, norms_first=False)
+    tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True)
+    row = _lower_transforms(lowered, ROW, norms_first=False)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
     # The backward kernel's recomputed forward keeps tl.gather (there, norm-first, the rope mostly applies to a
     # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
-    grads = _lower_transforms(rec, TILE, norms_first=True, gradient_partners=True)
+    grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
                    grads_out=grads.grads_out)
 
 
-def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, input_partners: bool = False,
+def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
                       gradient_partners: bool = False) -> TransformKernel:
     """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
     the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
     else with tl.gather."""
+    rec = lowered.rec
     spec = rec.spec
     low = _Lowering(rec, layout)
+    outputs = pass_outputs(lowered)
+    needed = set(spec.transformed)
+    for slot in outputs:
+        needed |= {n for n in inputs_read(slot.expr) if spec.input(n).per_token}
     raw: dict[str, str] = {}
-    targets = []
-    for name in spec.transformed:
-        info = spec.input(name)
+    sources = []
+    for info in spec.inputs:
+        if info.name not in needed:
+            continue
+        name = info.name
         shape = low.letter[info.vec_dim] if info.vec_dim else ""
-        targets.append((name, shape))
+        sources.append((name, shape))
         if shape:
             code = f"tl.load(x_{name} + row * {shape} + o_{shape}, mask=m_{shape}, other=0.0).to(tl.float32)"
         else:
@@ -326,8 +351,6 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
     for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
         if tr.kind == "rope":
             j = len(ropes)
-            from fla_gen.emit import render_scalar  # emit imports this module
-
             dim = low.letter[spec.input(tr.targets[0]).vec_dim]
             ropes.append(RopeArgs(j, tr.targets, tr.style == "interleaved", math.log2(tr.base),
                                   f"int({render_scalar(tr.rotary_dim, 'call.')})", dim))
@@ -340,30 +363,35 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         else:
             (t,) = tr.targets
             low.current[t] = low.lower(tr.expr)
-    outs = {name: low.current[name] for name, _ in targets}
+    outs: dict[str, str] = {}
+    for slot in outputs:
+        var = low.current[slot.input] if slot.source is SlotSource.INPUT else low.lower(slot.expr)
+        if slot.dims and not low.shape.get(var, ""):  # a per-token scalar stored over a head dim
+            var = low.record("broadcast", (var,), layout.broadcast(var, slot.dims), slot.dims)
+        outs[slot.arg] = var
+    out_dims = tuple((s.arg, s.dims) for s in outputs)
     fwd = tuple(low.lines)
-    grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(targets)}
+    grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(out_dims)}
     if gradient_partners:
-        # the backward kernel loads each target's gradient from dy_<name> (templates/kernels/_transforms.jinja)
-        low.loaded.update({grads_in[name]: (f"dy_{name}", shape) for name, shape in targets if shape})
+        # the backward kernel loads each output's gradient from dy_<name> (templates/kernels/_transforms.jinja)
+        low.loaded.update({grads_in[name]: (f"dy_{name}", shape) for name, shape in out_dims if shape})
     adj: dict[str, str] = {}
     pre: list[str] = []
-    for name, _ in targets:
+    for name, _ in out_dims:
         v = outs[name]
-        if v in adj:  # an input left unchanged by its transforms cannot share a var with another
+        if v in adj:  # two outputs of one value (or an input left unchanged) cannot share a var
             pre.append(f"{grads_in[name]}s = {adj[v]} + {grads_in[name]}")
             adj[v] = f"{grads_in[name]}s"
         else:
             adj[v] = grads_in[name]
     bwd = tuple(pre + low.backward(adj))
-    grads_out = {name: adj.get(raw[name], "0.0") for name, _ in targets}
+    grads_out = {name: adj.get(raw[name], "0.0") for name, _ in sources}
     grads_out.update({h: adj.get(v, "0.0") for h, v in low.heads.items()})
-    gate_inputs = {t.input for t in rec.decay}
-    dims = tuple(d for d in ("K", "V") if any(s == d for _, s in targets))
+    dims = tuple(d for d in ("K", "V") if any(s == d for _, s in (*sources, *out_dims)))
     return TransformKernel(
-        op=spec.op, targets=tuple(targets), heads=tuple(low.heads), dims=dims, ropes=tuple(ropes), fwd=fwd, raw=raw,
-        outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
-        fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs), row_fwd=(), bwd_fwd=(),
+        op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
+        fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
+        fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
     )
 
 
@@ -381,18 +409,25 @@ class InlineTransforms:
     values: dict
 
 
-def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineTransforms | None:
-    """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
-    recurrent forward kernels), or None when they cannot be inlined: a transformed V vector (those
-    kernels tile V) or a transformed input the kernel does not take."""
-    if t is None or any(d == "V" for _, d in t.targets):
+def inline_transforms(t: TransformKernel | None, lowered: Lowered) -> InlineTransforms | None:
+    """The inline form of the pass for a kernel that loads whole K rows per token (the fused recurrent
+    forward kernels), or None when it cannot be inlined: a V vector among its outputs (those kernels tile
+    V), or an output that is not a transformed input passed in its slot's place (a derived slot reads
+    inputs the kernel does not take)."""
+    if t is None or any(d == "V" for _, d in t.outputs):
         return None
-    role_of = dict(zip(bound.inputs, bound.names, strict=True))
-    if any(name not in role_of for name, _ in t.targets):
+    slots = {s.arg: s for s in lowered.slots}
+    reads = {}
+    for name, _ in t.outputs:
+        s = slots[name]
+        if s.source is not SlotSource.INPUT:
+            return None
+        reads[s.input] = name
+    if set(reads) != {name for name, _ in t.sources}:
         return None
     params = tuple([f"p_{h}" for h in t.heads] + ["pos"] + [f"rope{r.index}_dim" for r in t.ropes])
-    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{name} = {role_of[name]}" for name, _ in t.targets]
+    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{src} = {reads[src]}" for src, _ in t.sources]
     if t.ropes:
         body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
     body += list(t.row_fwd)
-    return InlineTransforms(params, "\n".join(body), {role_of[name]: t.outs[name] for name, _ in t.targets})
+    return InlineTransforms(params, "\n".join(body), {name: t.outs[name] for name, _ in t.outputs})

@@ -212,14 +212,18 @@ def validate_gate_lower_bound(op: str, bound) -> None:
         raise ValueError(f"{op}: gate_lower_bound must be a finite negative number (a log decay), got {bound}")
 
 
-def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch.Tensor) -> None:
-    """Raise ValueError if an entry of the log gate ``gate`` [B, T, H, K] is below ``bound``.
+def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch.Tensor | None,
+                              head_gate: torch.Tensor | None = None) -> None:
+    """Raise ValueError if an entry of the log gate ``gate`` ([B, T, H, K] or [B, T, H]; None: zeros) plus
+    ``head_gate`` ([H] added to every token of head h, or None) is below ``bound``.
 
     The bound lets a plan build the pairwise decays as products of exp factors that a gate below it
     would overflow, so it is checked against the data: one reduction and a device sync (pass the
     bound only where it pays for that, e.g. training at long T).
     """
-    lowest = gate.min().item() if gate.numel() else 0.0
+    if head_gate is not None:
+        gate = head_gate if gate is None else gate.float() + head_gate.float()
+    lowest = gate.min().item() if gate is not None and gate.numel() else 0.0
     if not lowest >= bound:
         raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "
                          f"pass a bound that holds for every token, or none")

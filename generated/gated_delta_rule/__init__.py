@@ -8,6 +8,8 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     gated_delta_rule_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_gated_delta_rule
 from .fused_recurrent import fused_recurrent_gated_delta_rule
 from .reference import gated_delta_rule_reference
@@ -22,6 +24,6 @@ INPUTS = (
     ('g', 'BTH', 'gate', False),
     ('beta', 'BTH', 'other', False),
 )
-FAMILY = 'delta'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.DELTA  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_reference"]

@@ -8,6 +8,8 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     linear_attn_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_linear_attn
 from .fused_recurrent import fused_recurrent_linear_attn
 from .reference import linear_attn_reference
@@ -20,6 +22,6 @@ INPUTS = (
     ('k', 'BTHK', 'key', False),
     ('v', 'BTHV', 'value', False),
 )
-FAMILY = 'gated'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.NONE  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_linear_attn", "fused_recurrent_linear_attn", "linear_attn_reference"]
