@@ -7,9 +7,11 @@ import hashlib
 
 from fla_gen import syntax as S
 from fla_gen.errors import Pos, SpecErrorFactory
-from fla_gen.ir import Apply, CheckedSpec, InputInfo, Lit, Node, ParamInfo, Ref, TransformInfo, Ty, widest
+from fla_gen.ir import Apply, CheckedSpec, Heads, InputInfo, Lit, Node, ParamInfo, Ref, TransformInfo, Ty, widest
 
-LAYOUT_DIMS = ("B", "T", "H")
+# Layout dims: the batch, the tokens, the query/key heads H and the value heads HV (a multiple of H).
+LAYOUT_DIMS = ("B", "T", "H", "HV")
+_HEADS = {h.value: h for h in Heads}
 # Elementwise functions: name → arity. Their result has the type of their argument.
 ELEMENTWISE = {"exp": 1, "log": 1, "sigmoid": 1, "softplus": 1}
 # Functions allowed only in a `transform` line (name → arity): l2norm is a full-row reduction.
@@ -57,13 +59,16 @@ class _Checker:
             raise self.err(state.pos, f"the state must be a matrix [K, V] of two head dims, got [{got}]")
         for d, p in zip(state.dims, state.dim_pos, strict=True):
             if d in LAYOUT_DIMS:
-                raise self.err(p, f"'{d}' is a layout dim (B, T, H); the state's dims are head dims such as K and V")
+                raise self.err(p, f"'{d}' is a layout dim (B, T, H, HV); the state's dims are head dims such as K "
+                                 f"and V")
         key_dim, value_dim = state.dims
         self._declare(state.name, Ref(state.name, "state", Ty(state.dims, "state"), state.pos), state.pos)
         for d in (key_dim, value_dim):
             self.names.setdefault(d, Ref(d, "dim", Ty((), "const"), state.pos))
 
-        inputs = tuple(self._input(s, key_dim, value_dim) for s in stmts if isinstance(s, S.InputDecl))
+        input_decls = [s for s in stmts if isinstance(s, S.InputDecl)]
+        inputs = tuple(self._input(s, key_dim, value_dim) for s in input_decls)
+        self._check_value_heads(inputs, input_decls, value_dim)
         for earlier, later in zip(inputs, inputs[1:], strict=False):
             if earlier.optional and not later.optional:
                 raise self.err(later.pos, f"required input '{later.name}' follows optional input '{earlier.name}'",
@@ -239,15 +244,31 @@ class _Checker:
             raise self.err(pos, f"'{name}' is declared twice")
         self.names[name] = ref
 
+    def _check_value_heads(self, inputs: tuple[InputInfo, ...], decls: list[S.InputDecl], value_dim: str) -> None:
+        """In a grouped spec (an input on HV) the state and the output live on the value heads HV, so an
+        input over the value dim must too: an H-head one would be read by HV / H state heads at once."""
+        grouped = next((i for i in inputs if i.heads is Heads.HV), None)
+        if grouped is None:
+            return
+        for info, decl in zip(inputs, decls, strict=True):
+            if info.heads is Heads.H and info.vec_dim == value_dim:
+                where = decl.dim_pos[2 if info.per_token else 0]
+                layout = "[B, T, HV, ...]" if info.per_token else "[HV, ...]"
+                raise self.err(where, f"'{info.name}' is over the value dim {value_dim} on the query/key heads H, "
+                                      f"but '{grouped.name}' is on the value heads HV, so the state lives on HV "
+                                      f"heads", f"declare '{info.name}' as {layout}")
+
     def _input(self, s: S.InputDecl, key_dim: str, value_dim: str) -> InputInfo:
         dims = s.dims
-        if dims[:3] == LAYOUT_DIMS:
-            per_token, rest, rest_pos = True, dims[3:], s.dim_pos[3:]
-        elif dims[:1] == ("H",):
-            per_token, rest, rest_pos = False, dims[1:], s.dim_pos[1:]
+        if dims[:2] == ("B", "T") and len(dims) > 2 and dims[2] in _HEADS:
+            per_token, heads, rest, rest_pos = True, _HEADS[dims[2]], dims[3:], s.dim_pos[3:]
+        elif dims[:1] and dims[0] in _HEADS:
+            per_token, heads, rest, rest_pos = False, _HEADS[dims[0]], dims[1:], s.dim_pos[1:]
         else:
-            raise self.err(s.dim_pos[0], f"input '{s.name}' must be laid out [B, T, H, ...] (per token) or "
-                                         f"[H, ...] (per head), got [{', '.join(dims)}]")
+            where = s.dim_pos[2] if dims[:2] == ("B", "T") and len(dims) > 2 else s.dim_pos[0]
+            raise self.err(where, f"input '{s.name}' must be laid out [B, T, H, ...] / [B, T, HV, ...] (per token, "
+                                  f"on the query/key heads H or the value heads HV) or [H, ...] / [HV, ...] (per "
+                                  f"head), got [{', '.join(dims)}]")
         if len(rest) > 1:
             raise self.err(rest_pos[1], f"input '{s.name}' has more than one head dim; inputs are scalars or "
                                         f"vectors per token and head")
@@ -259,7 +280,7 @@ class _Checker:
         if s.default is not None and s.default != 0.0:
             raise self.err(s.pos, f"input '{s.name}' has default {s.default:g}; only '= 0' (absent means zeros) "
                                   f"is supported")
-        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos)
+        info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos, heads)
         if s.name in LAYOUT_DIMS:
             raise self.err(s.pos, f"'{s.name}' is a layout dim and cannot name an input")
         self._declare(s.name, Ref(s.name, "input", info.ty, s.pos), s.pos)
@@ -285,9 +306,14 @@ class _Checker:
             ref = self.names[e.id]
             if self.transform_target is not None and ref.name != self.transform_target:
                 info = self.inputs.get(ref.name)
-                if info is None or info.per_token or info.dims != ("H",):
+                if info is None or info.per_token or info.vec_dim is not None:
                     raise self.err(e.pos, f"the transform of '{self.transform_target}' reads '{e.id}'; a transform "
                                           f"reads only its own input, per-head [H] inputs and numbers")
+                if info.heads is Heads.HV and self.inputs[self.transform_target].heads is Heads.H:
+                    raise self.err(e.pos, f"the transform of '{self.transform_target}' (on the query/key heads H) "
+                                          f"reads '{e.id}' on the value heads HV; each of its heads would need "
+                                          f"HV / H values", f"declare '{e.id}' as [H] or '{self.transform_target}' "
+                                                            f"on HV")
                 if info.optional:
                     raise self.err(e.pos, f"'{e.id}' is optional ('= 0'); a transform reads only given inputs")
             return Ref(ref.name, ref.role, ref.ty, e.pos)

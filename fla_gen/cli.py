@@ -157,6 +157,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (PlanError, ValueError) as e:
         print(f"{args.spec}: error: {e}", file=sys.stderr)
         return EXIT_SPEC_ERROR
+    heads = args.shape[2]
+    HV = heads if args.value_heads is None else args.value_heads
+    if HV != heads:
+        why = ("the spec declares no input on HV" if not rec.spec.grouped
+               else "" if heads >= 1 and HV >= 1 and HV % heads == 0 else f"not a positive multiple of H = {heads}")
+        if why:
+            print(f"fla-gen run: --value-heads {HV}: {why}", file=sys.stderr)
+            return EXIT_USAGE
     out_dir = Path(args.output) if args.output else REPO_ROOT / "generated"
     write_files(files, out_dir)
     pkg = _import_package(out_dir, rec.spec.package)
@@ -168,11 +176,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     B, T, H, K, V = args.shape
     where = "GPU" if on_gpu else "CPU, Triton interpreter"
-    print(f"{rec.spec.op}: B={B} T={T} H={H} K={K} V={V} {args.dtype or dtype} on {device} ({where}); "
+    print(f"{rec.spec.op}: B={B} T={T} H={H}{f' HV={HV}' if HV != H else ''} K={K} V={V} {args.dtype or dtype} on "
+          f"{device} ({where}); "
           f"errors are ||out - ref|| / ||ref|| against the derived reference in float64")
     failed = False
     for mode in ("chunk", "fused_recurrent"):
-        r = verify_op(pkg, rec, mode, dtype, B=B, T=T, H=H, K=K, V=V, device=device)
+        r = verify_op(pkg, rec, mode, dtype, B=B, T=T, H=H, K=K, V=V, HV=HV, device=device)
         worst = max((e for k, e in r.errors.items() if k.startswith("d")), default=0.0)
         status = "ok" if not r.failures() else f"FAIL {r.failures()}"
         print(f"  {r.name:<32} o {r.errors['o']:.1e}  final_state {r.errors['final_state']:.1e}  "
@@ -267,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec", metavar="SPEC", help="spec file (.fla)")
     run.add_argument("--shape", type=int, nargs=5, default=(2, 100, 2, 32, 48), metavar=("B", "T", "H", "K", "V"),
                      help="input sizes (default 2 100 2 32 48)")
+    run.add_argument("--value-heads", type=int, metavar="HV",
+                     help="value heads of a grouped spec (inputs on [.., HV, ..]), a multiple of H (default H)")
     run.add_argument("--dtype", choices=list(DTYPES), help="input dtype (default bf16 on a GPU, fp32 on the CPU)")
     run.add_argument("--cpu", action="store_true", help="use the interpreter even when a GPU is present")
     run.add_argument("-o", "--output", metavar="DIR", help="output root (default: generated/ in the repo)")

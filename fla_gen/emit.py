@@ -17,7 +17,7 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
-from fla_gen.ir import Apply, Node, Ref
+from fla_gen.ir import Apply, Heads, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, lower, render_expr
 from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
@@ -25,9 +25,18 @@ from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, pass_outputs, plan_transforms
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+# Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
+# q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
+# every H-head input to HV heads and runs the op ungrouped.
+GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja"})
+# The kernel arguments a grouping kernel reads at the query/key head (the others at the value head).
+_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
+# Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
+_LETTER_NAMES = {"G": "HV"}
+
 
 def _layout_shape(layout: str) -> str:
-    return "[" + ", ".join(layout) + "]"
+    return "[" + ", ".join(_LETTER_NAMES.get(c, c) for c in layout) + "]"
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,8 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     elif reads:
         roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
     doc = f"{shape} {roles.get(name, 'input')}"
+    if rec.spec.grouped and rec.spec.input(name).heads is Heads.H:
+        doc += "; each of its H heads serves HV / H consecutive value heads"
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
@@ -135,8 +146,10 @@ def _common_context(lowered: Lowered) -> dict:
     value_input = next(i.name for i in spec.inputs if i.per_token and i.vec_dim == spec.value_dim)
     args = []
     for i in spec.inputs:
-        layout = ("BTH" if i.per_token else "H") + {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
-        dim_names = {"K": spec.key_dim, "V": spec.value_dim}
+        heads = "G" if i.heads is Heads.HV else "H"
+        vec = {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
+        layout = ("BT" + heads if i.per_token else heads) + vec
+        dim_names = {"K": spec.key_dim, "V": spec.value_dim, **_LETTER_NAMES}
         args.append({
             "name": i.name,
             "layout": layout,
@@ -147,6 +160,8 @@ def _common_context(lowered: Lowered) -> dict:
             "doc": _arg_doc(rec, i.name, layout),
             "role": _arg_role(lowered, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
+            # In a grouped spec: the dim along which an H-head input repeats to HV heads, else None.
+            "group_dim": (2 if i.per_token else 0) if spec.grouped and i.heads is Heads.H else None,
         })
     return {
         "version": __version__,
@@ -162,7 +177,27 @@ def _common_context(lowered: Lowered) -> dict:
         "value_input": value_input,
         "state": spec.state_name,
         "family": lowered.features.rank1.name,
+        "grouped": spec.grouped,
+        # the state's and the output's heads, for docstrings
+        "state_heads": "HV" if spec.grouped else "H",
     }
+
+
+def kernel_groups_heads(rec: Recurrence, algo: Algorithm) -> bool:
+    """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
+    whose template is in GROUPING_TEMPLATES. Otherwise a grouped op repeats its H-head inputs on the host.
+
+    The transform pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its
+    targets, so a spec that transforms inputs on both H and HV keeps the host-side repeat."""
+    if not rec.spec.grouped or algo.template not in GROUPING_TEMPLATES:
+        return False
+    # The grouping kernels read q, k, a, b at head hv // (HV / H) and the rest at hv: every kernel argument
+    # must be a declared input on those heads (a derived slot is not).
+    for s in lower(rec).slots:
+        want = Heads.H if s.arg in _KEY_SIDE_ARGS else Heads.HV
+        if s.source is not SlotSource.INPUT or s.input is None or rec.spec.input(s.input).heads is not want:
+            return False
+    return len({rec.spec.input(name).heads for name in rec.spec.transformed}) <= 1
 
 
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
@@ -241,6 +276,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered)
     transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
+    # Transforms inlined into the decode kernel index its rows by value head: that kernel runs ungrouped.
+    groups_heads = kernel_groups_heads(rec, algo) and inline is None
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -250,7 +287,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "kernel_names": [f"{op}_{k.stage}_kernel" for k in algo.kernels],
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
-            op=op, token_gate=features.token_gate, head_gate=features.head_decay, features=features,
+            op=op, token_gate=features.token_gate, head_gate=features.head_decay,
+            features=dataclasses.replace(features, grouped=groups_heads),
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
@@ -281,6 +319,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "transform_imports": transform_imports,
         "derived_block": derived_block,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
+        "kernel_groups_heads": groups_heads,
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 

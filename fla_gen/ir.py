@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from fla_gen.errors import Pos
 
@@ -62,13 +63,25 @@ class Apply:
 Node = Ref | Lit | Apply
 
 
+class Heads(Enum):
+    """The heads an input lives on: the query/key heads H, or the value heads HV (a multiple of H).
+
+    With grouped value heads (fla's GVA, e.g. Qwen3-Next: H = 16, HV = 32) value head hv reads
+    query/key head hv // (HV / H); the state and the output live on HV.
+    """
+
+    H = "H"
+    HV = "HV"
+
+
 @dataclass(frozen=True)
 class InputInfo:
     """One declared input tensor.
 
     ``per_token``: laid out ``[B, T, H, ...]`` (else ``[H, ...]``, a per-head constant);
     ``vec_dim``: its trailing head dim (``K``/``V``) or None for a scalar per token/head;
-    ``optional``: declared with ``= 0`` (absent means zeros).
+    ``optional``: declared with ``= 0`` (absent means zeros); ``heads``: H (``[B, T, H, ...]``,
+    ``[H, ...]``) or HV (``[B, T, HV, ...]``, ``[HV, ...]``).
     """
 
     name: str
@@ -77,6 +90,7 @@ class InputInfo:
     vec_dim: str | None
     optional: bool
     pos: Pos
+    heads: Heads = Heads.H
 
     @property
     def ty(self) -> Ty:
@@ -132,6 +146,12 @@ class CheckedSpec:
 
     def input(self, name: str) -> InputInfo:
         return next(i for i in self.inputs if i.name == name)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether some input lives on value heads HV: then the state [N, HV, K, V] and o [B, T, HV, V]
+        do too, and inputs on H are shared by HV / H consecutive value heads."""
+        return any(i.heads is Heads.HV for i in self.inputs)
 
     @property
     def transformed(self) -> tuple[str, ...]:

@@ -99,7 +99,8 @@ def derive_reference(spec: CheckedSpec) -> ReferenceCode:
 
     The code reads locals ``<input>_t`` (``[B, H]`` for a scalar per token, ``[B, H, D]`` for a
     vector, ``[H]``/``[H, D]`` for a per-head constant), the state ``S`` as ``[B, H, K, V]``,
-    params as 0-d tensors and head dims as ints.
+    params as 0-d tensors and head dims as ints. In a grouped spec H here is HV: the template repeats
+    the H-head inputs to HV heads (``repeat_interleave``) before the token loop.
     """
     r = TorchExpr(spec.state_name)
     fetches = tuple(

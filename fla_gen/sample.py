@@ -13,8 +13,10 @@ from fla_gen.lower import lower
 
 
 def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype,
-                  device: str | torch.device = "cpu", seed: int | None = None) -> dict[str, torch.Tensor]:
-    """One tensor per declared input of the spec, keyed by name.
+                  device: str | torch.device = "cpu", seed: int | None = None,
+                  HV: int | None = None) -> dict[str, torch.Tensor]:
+    """One tensor per declared input of the spec, keyed by name: ``[B, T, H, ...]`` / ``[H, ...]`` inputs
+    on the query/key heads, ``[B, T, HV, ...]`` / ``[HV, ...]`` ones on the value heads (HV defaults to H).
 
     Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
@@ -39,13 +41,15 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
         rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
     transformed = set(spec.transformed)
     unit_norm -= transformed
-    dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
+    HV = H if HV is None else HV
+    dims = {"B": B, "T": T, "H": H, "HV": HV, spec.key_dim: K, spec.value_dim: V}
     out = {}
     for i in spec.inputs:
         shape = [dims[d] for d in i.dims]
         kind = gate_kind.get(i.name)
         if kind is GateKind.HEAD:
-            x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64, device="cpu"))).float()
+            heads = torch.arange(shape[0], dtype=torch.float64, device="cpu")
+            x = torch.log1p(-torch.pow(2.0, -5.0 - heads)).float()
         elif kind is not None:
             x = F.logsigmoid(torch.randn(shape, generator=gen, device="cpu"))
         elif i.vec_dim is None and i.name in transformed:

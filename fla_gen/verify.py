@@ -45,8 +45,9 @@ def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: t
     """Run ``fn`` forward and backward on ``inputs`` and ``ref_fn`` on the same values in ``ref_dtype``.
 
     Args:
-        inputs: the op's positional inputs in order ([B, T, H, K] per token, [H] per head), and
-            ``initial_state`` [N, H, K, V] if given; every one is a leaf whose gradient is compared.
+        inputs: the op's positional inputs in order ([B, T, H, K] per token, [H] per head; HV for inputs
+            on the value heads), and ``initial_state`` [N, HV, K, V] if given; every one is a leaf whose
+            gradient is compared.
         dtype: the dtype the op's output must have (the final state must be float32).
         guard: a context manager wrapped around the op's forward and backward (tests poison
             allocations with NaN through it).
@@ -85,7 +86,7 @@ def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: t
 def verify_op(pkg: ModuleType, rec: Recurrence, mode: str, dtype: torch.dtype, *, B: int, T: int, H: int,
               K: int, V: int, device: str = "cpu", cu_seqlens: list[int] | None = None, with_h0: bool = True,
               ref_dtype: torch.dtype = torch.float64,
-              guard=contextlib.nullcontext) -> CaseResult:
+              guard=contextlib.nullcontext, HV: int | None = None) -> CaseResult:
     """Call ``<mode>_<op>`` on fresh random inputs, then its reference in ``ref_dtype``
     (compare_with_reference).
 
@@ -93,16 +94,18 @@ def verify_op(pkg: ModuleType, rec: Recurrence, mode: str, dtype: torch.dtype, *
         pkg: the generated package (``generated.<op>``).
         mode: ``chunk`` or ``fused_recurrent``.
         guard: as compare_with_reference.
+        HV: value heads of a grouped spec (its inputs on HV and the state [N, HV, K, V]); None means H.
 
     Returns:
         CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``.
     """
     op = rec.spec.op
-    x = sample_inputs(rec, B, T, H, K, V, dtype, device)
+    HV = H if HV is None else HV
+    x = sample_inputs(rec, B, T, H, K, V, dtype, device, HV=HV)
     inputs = {i.name: x[i.name] for i in rec.spec.inputs}
     if with_h0:
         N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        inputs["initial_state"] = torch.randn(N, H, K, V, device=device)
+        inputs["initial_state"] = torch.randn(N, HV, K, V, device=device)
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
     return compare_with_reference(getattr(pkg, f"{mode}_{op}"), getattr(pkg, f"{op}_reference"), inputs, dtype,
                                   name=f"{mode}_{op}", guard=guard, ref_dtype=ref_dtype, cu_seqlens=cu)

@@ -15,7 +15,7 @@ from .fused_recurrent import fused_recurrent_gla
 from .reference import gla_reference
 
 # The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
-# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], G = the value heads HV, ...); roles: query, key,
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),

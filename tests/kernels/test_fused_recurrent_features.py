@@ -63,13 +63,20 @@ SPECS = {
                           ["update S = exp(g + g_gamma) * S + outer(b, S^T @ a) + outer(k, v)"]),
     "gla_head": (["g: [B, T, H, K]", "g_gamma: [H]"], ["update S = exp(g + g_gamma) * S + outer(k, v)"]),
 }
+# Grouped value heads: v, the gates, beta on HV heads, q, k, a, b on H (the kernels read head hv // (HV / H)).
+GROUPED_SPECS = {
+    "grouped_dplr": (["a: [B, T, H, K]", "b: [B, T, H, K]", "g: [B, T, HV, K]"],
+                     ["update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)"]),
+    "grouped_retention": (["g: [B, T, HV]", "g_gamma: [HV]"], ["update S = exp(g + g_gamma) * S + outer(k, v)"]),
+}
 
 
 def build_package(root: Path, name: str):
     """Compile SPECS[name] into root/<op>/ and import it (the op is named after the test spec)."""
-    inputs, updates = SPECS[name]
+    inputs, updates = {**SPECS, **GROUPED_SPECS}[name]
     op = f"fr_{name}"
-    src = HEADER.format(op=op) + "".join(f"input {i}\n" for i in inputs) + TAIL.format(updates="\n".join(updates))
+    header = HEADER.replace("input v: [B, T, H, V]", "input v: [B, T, HV, V]") if name in GROUPED_SPECS else HEADER
+    src = header.format(op=op) + "".join(f"input {i}\n" for i in inputs) + TAIL.format(updates="\n".join(updates))
     spec_path = root / f"{op}.fla"
     spec_path.write_text(src)
     rec, files = compile_spec(spec_path)
@@ -107,6 +114,17 @@ def test_new_combination_varlen(packages, name: str) -> None:
     rec, pkg = packages(name)
     result = verify_op(pkg, rec, "fused_recurrent", torch.float32, B=1, T=23, H=2, K=16, V=32,
                        cu_seqlens=[0, 5, 6, 23], guard=poisoned_allocations)
+    assert not result.failures(), result.errors
+
+
+@pytest.mark.parametrize("name", list(GROUPED_SPECS))
+def test_grouped_spec_matches_reference(packages, name: str) -> None:
+    rec, pkg = packages(name)
+    # the kernels group the heads themselves: q and k reach the launcher on H heads
+    assert "repeat_interleave" not in Path(pkg.fused_recurrent.__file__).read_text()
+    with overridden_plans(SPLIT_V):
+        result = verify_op(pkg, rec, "fused_recurrent", torch.float32, B=1, T=19, H=2, HV=4, K=16, V=32,
+                           cu_seqlens=[0, 6, 6, 19], guard=poisoned_allocations)
     assert not result.failures(), result.errors
 
 
