@@ -29,7 +29,9 @@ TEMPLATES_DIR = data_dir("templates")
 # Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
 # q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
 # every H-head input to HV heads and runs the op ungrouped.
-GROUPING_TEMPLATES: frozenset[str] = frozenset()
+GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja"})
+# The kernel arguments a grouping kernel reads at the query/key head (the others at the value head).
+_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
 # Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
 _LETTER_NAMES = {"G": "HV"}
 
@@ -319,7 +321,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered)
     transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
-    groups_heads = kernel_groups_heads(lowered, algo)
+    # Transforms inlined into the decode kernel index its rows by value head: that kernel runs ungrouped.
+    groups_heads = kernel_groups_heads(lowered, algo) and inline is None
     ctx = dict(common)
     ctx.update({
         "public_name": public,

@@ -98,15 +98,13 @@ class Lowered:
 
 
 # Decay features each chunk algorithm takes (fla_gen/plan.py ALGORITHMS); the fused_recurrent kernel
-# takes every combination. A kind outside the set is folded into the next one up (DECAY_FOLD).
+# takes every combination. A kind outside the set is folded into the next one up (lower()).
 CHUNK_DECAYS: dict[tuple[RankOne, bool], frozenset[TokenDecay]] = {
     # (rank-1 kind, with a per-head decay) -> per-token decay kinds
     (RankOne.NONE, False): frozenset(TokenDecay),
     (RankOne.NONE, True): frozenset(TokenDecay),
-    # chunk_delta's per-channel kernels (plan.py chunk_delta_channel) take TokenDecay.CHANNEL too; it joins this
-    # set once the fused_recurrent kernels take the delta rule with a per-channel decay (until then such a
-    # recurrence lowers to the DPLR kernels, whose token-by-token side takes it)
-    (RankOne.DELTA, False): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),
+    # per channel: chunk_delta's per-channel kernels (plan.py chunk_delta_channel), the delta rule of KDA
+    (RankOne.DELTA, False): frozenset(TokenDecay),
     (RankOne.DELTA, True): frozenset(),
     (RankOne.GENERAL, False): frozenset(TokenDecay),
     (RankOne.GENERAL, True): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),

@@ -313,13 +313,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                bounded=_DPLR_BOUNDED_DA),
                    KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK)),
                   chunked=True, bounded_chunk_size=32),
-        Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_delta", "kernels/fused_recurrent_delta.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
+        # One token-by-token template for every recurrence, switched by its features (fla_gen.features).
+        Algorithm("fused_recurrent", "kernels/fused_recurrent.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
     )
@@ -372,11 +367,7 @@ CHUNK_ALGORITHM: dict[Family, str] = {
     Family.DELTA: "chunk_delta",
     Family.GENERAL: "chunk_dplr",
 }
-RECURRENT_ALGORITHM: dict[RankOne, str] = {
-    RankOne.NONE: "fused_recurrent_gated",
-    RankOne.DELTA: "fused_recurrent_delta",
-    RankOne.GENERAL: "fused_recurrent_dplr",
-}
+RECURRENT_ALGORITHM: dict[RankOne, str] = {r: "fused_recurrent" for r in RankOne}
 
 
 def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:

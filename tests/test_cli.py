@@ -26,8 +26,8 @@ def test_build_is_deterministic(tmp_path):
     for out in (first, second):
         assert main(["build", "--all", "-o", str(out)]) == 0
     files = sorted(p.relative_to(first) for p in first.rglob("*.py"))
-    # Five modules per spec, a sixth (transforms.py) for a spec with transforms or slots the lowering derives
-    # (kda's a and b while it lowers to the DPLR kernels), and generated/__init__.py.
+    # Five modules per spec, a sixth (transforms.py) for a spec with transforms or slots the lowering derives,
+    # and generated/__init__.py.
     with_transforms = sum(plan_transforms(lower(recurrence(s.stem))) is not None for s in SPECS)
     assert len(files) == 1 + 5 * len(SPECS) + with_transforms
     for f in files:

@@ -40,7 +40,7 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.package == path.stem
-    expected = {"dplr": RankOne.GENERAL, "rwkv7": RankOne.GENERAL, "kda": RankOne.GENERAL}
+    expected = {"dplr": RankOne.GENERAL, "rwkv7": RankOne.GENERAL, "kda": RankOne.DELTA}
     assert lower(rec).features.rank1 == expected.get(path.stem,
                                                      RankOne.DELTA if "delta" in path.stem else RankOne.NONE)
 
@@ -115,12 +115,12 @@ def test_plan_errors():
     with pytest.raises(PlanError, match="outside 1..256"):
         plan_algorithm(rec, algo, "sm90", "bf16", 512)
     dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
-    assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent_dplr"]
+    assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent"]
     assert bind_kernel_inputs(dplr).names == ("q", "k", "v", "g", "a", "b")
     assert bind_kernel_inputs(dplr).inputs == ("q", "k", "v", "gk", "a", "b")
     scalar_gate = canon("update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)\n", "g", "a", "b")
     assert lower(scalar_gate).features.token_decay is TokenDecay.SCALAR
-    assert [a.name for a in select_algorithms(scalar_gate)] == ["chunk_dplr", "fused_recurrent_dplr"]
+    assert [a.name for a in select_algorithms(scalar_gate)] == ["chunk_dplr", "fused_recurrent"]
     scaled = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(beta * k, v)\n", "gk", "a", "b", "beta")
     assert bind_kernel_inputs(scaled).inputs == ("q", None, "v", "gk", "a", "b")
 

@@ -19,11 +19,11 @@ from .reference import kda_reference
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),
-    ('k', 'BTHK', 'other', False),
+    ('k', 'BTHK', 'key', False),
     ('v', 'BTHV', 'value', False),
     ('g', 'BTHK', 'gate', False),
     ('beta', 'BTH', 'other', False),
 )
-FAMILY = RankOne.GENERAL  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
+FAMILY = RankOne.DELTA  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_kda", "fused_recurrent_kda", "kda_reference"]

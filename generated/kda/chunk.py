@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/kda.fla`.
 """chunk_kda: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_dplr (kda_fwd_intra_kernel, kda_fwd_h_kernel, kda_bwd_dh_kernel, kda_bwd_dv_kernel, kda_bwd_dA_kernel, kda_bwd_dqk_kernel).
+Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel).
 """
 
 import torch
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
-from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
+from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
@@ -19,185 +19,431 @@ from fla_gen.runtime.torch_op import (
     define_op,
     forward_outputs,
 )
-from fla_gen.runtime.torch_op import shapes_only
-from fla_gen.runtime.validate import TensorArg, check_gates_respect_bound, validate_call, validate_gate_lower_bound
+from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_options
 
-from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
+from .plans import CHUNK_PLANS
 from .transforms import kda_transforms
 
-# Kernels (templates/kernels/chunk_dplr.jinja): they use the torch, triton and tl imported above.
+# Kernels (templates/kernels/chunk_delta.jinja): they use the torch, triton and tl imported above.
+
+
+@triton.jit
+def _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Program -> chunk. Returns (t0, n_t, i_hc): the row of the chunk's first token in the
+    flattened [B * T] token axis (int64), its number of valid tokens (1..BT), and the index of
+    its state in h / dh ([B * NT] flattened; the global chunk id under varlen)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_c = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        t0 = bos + i_c * BT
+        n_t = tl.minimum(eos - t0, BT).to(tl.int32)
+        i_hc = i_t.to(tl.int64)
+    else:
+        t0 = i_b.to(tl.int64) * T + i_t * BT
+        n_t = tl.minimum(T - i_t * BT, BT)
+        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    return t0, n_t, i_hc
+
+
+@triton.jit
+def _kda_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Program -> sequence. Returns (bos, T_seq, boh): the row of its first token (int64), its
+    length, and the index of its first chunk state in h / dh."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        T_seq = T
+        boh = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    return bos, T_seq, boh
+
+
+@triton.jit
+def kda_cumsum_kernel(
+    g, G, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    USE_G: tl.constexpr,
+
+    IS_VARLEN: tl.constexpr,
+):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_ik = (o_i < n_t)[:, None] & (o_k < K)[None, :]
+    # scalar int64 base of the chunk, int32 offsets within it
+    p_x = (t0 * H + i_h) * K
+    o_x = o_i[:, None] * (H * K) + o_k[None, :]
+    b_G = tl.zeros([BT, BK], dtype=tl.float32)
+    if USE_G:
+        b_G += tl.cumsum(tl.load(g + p_x + o_x, mask=m_ik, other=0.).to(tl.float32), axis=0)
+
+    tl.store(G + p_x + o_x, b_G, mask=m_ik)
+
+
+@triton.jit
+def kda_fwd_A_kernel(
+    q, k, G, A, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+):
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns
+    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_n = i_i * BC
+    if i_n >= n_t:
+        return
+    o_c = tl.arange(0, BC)
+    o_r = i_n + o_c
+    m_r = o_r < n_t
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
+    # One pass over K for the whole row block, through this sub-chunk's first token n: the rows' factor
+    # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
+    #   - off the diagonal, every earlier column j < n at once, as a [BK, BT] tile of k_j exp(G_n - G_j)
+    #     (<= 1; the columns j >= n are masked loads, so no memory is read for them);
+    #   - the diagonal BC x BC block, whose factor exp(G_n - G_j) is >= 1: it is kept only when the gates
+    #     move little inside the sub-chunk (|G_x - G_n| <= DIAG_SPAN for all its tokens x, the host's
+    #     launch.factor_span of the dtype), else (strong gates) rebuilt below entry by entry, one key
+    #     token n + j at a time, with exponents G_i - G_j <= 0 only.
+    # Against one K pass per earlier sub-chunk plus two for the diagonal, each reloading the rows: the forward
+    # 0.745 -> 0.684 ms at 4x4096x16x128 (H100, bf16, benchmarks/RESULTS.md session 10).
+    o_j = tl.arange(0, BT)
+    m_j = o_j < i_n
+    b_Aoff = tl.zeros([BC, BT], dtype=tl.float32)
+    b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+    b_span = tl.zeros([], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_rk = m_r[:, None] & m_k[None, :]
+        m_kr = m_k[:, None] & m_r[None, :]
+        m_kj = m_k[:, None] & m_j[None, :]
+        o_x = o_r[:, None] * (H * K) + o_k[None, :]
+        # k^T and G^T tiles, read transposed through the offsets
+        o_xt = o_r[None, :] * (H * K) + o_k[:, None]
+        o_jt = o_j[None, :] * (H * K) + o_k[:, None]
+        b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+        b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+        b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
+        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) *
+                (scale * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf"))))).to(k.dtype.element_ty)
+        b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
+        b_Aoff += tl.dot(b_qg, b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
+        b_kdt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+            tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
+        b_Ad += tl.dot(b_qg, b_kdt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
+    if b_span <= DIAG_SPAN:
+        b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
+    else:
+        b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_rk = m_r[:, None] & m_k[None, :]
+            o_x = o_r[:, None] * (H * K) + o_k[None, :]
+            b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
+            b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+            for j in range(BC):
+                m_jk = m_k & (i_n + j < n_t)
+                b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+                b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
+                m_a = m_rk & (o_c >= j)[:, None]
+                b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
+                b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
+    tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
+    # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
+    o_z = i_n + BC + tl.arange(0, BT)
+    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_r[:, None] & (o_z < BT)[None, :])
+
+
+@triton.jit
+def kda_bwd_dqk_intra_kernel(
+    q, k, G, dA, dq, dk, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+):
+    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of
+    # its tokens, from dA, in fp32
+    i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_n = i_i * BC
+    if i_n >= n_t:
+        return
+    o_c = tl.arange(0, BC)
+    o_r = i_n + o_c
+    m_r = o_r < n_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_rk = m_r[:, None] & m_k[None, :]
+    o_x = o_r[:, None] * (H * K) + o_k[None, :]
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    dA_c = dA + (t0 * H + i_h) * BT
+    b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
+    # this sub-chunk's first token n and last valid token m: the reference tokens of dq and dk
+    i_m = tl.minimum(i_n + BC, n_t) - 1
+    b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
+    b_gm = tl.load(g_c + i_m * (H * K) + o_k, mask=m_k, other=0.)
+    # The diagonal block joins the dots below (as one more sub-chunk, masked to i >= j) when the gates
+    # move at most DIAG_SPAN within the sub-chunk on this K tile (the host's launch.factor_span), so its
+    # factors about n and m stay within exp(+-DIAG_SPAN); else (strong gates) it is done entry by entry.
+    b_span = tl.max(tl.where(m_rk, tl.maximum(tl.abs(b_g - b_gn[None, :]), tl.abs(b_g - b_gm[None, :])), 0.))
+    n_diag = (b_span <= DIAG_SPAN).to(tl.int32)
+
+    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens),
+    # through this one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j))
+    # over the earlier sub-chunks c, every exponent <= 0 (and the diagonal block, bounded, if n_diag)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(0, i_i + n_diag):
+        o_b = i_c * BC + o_c
+        m_bk = (o_b < n_t)[:, None] & m_k[None, :]
+        o_xb = o_b[:, None] * (H * K) + o_k[None, :]
+        b_kg = tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf")))
+        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None] & (o_b[None, :] <= o_r[:, None]),
+                       other=0.)
+        b_dq += tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dq = b_dq * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+
+    # dk_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks, through this one's last
+    # valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
+    # (and the diagonal block, bounded, if n_diag)
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_c in range(i_i + 1 - n_diag, tl.cdiv(n_t, BC)):
+        o_a = i_c * BC + o_c
+        m_a = o_a < n_t
+        m_ak = m_a[:, None] & m_k[None, :]
+        o_xa = o_a[:, None] * (H * K) + o_k[None, :]
+        b_qg = tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * \
+            tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        # dA^T [BC, BC], read transposed through the offsets
+        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None],
+                        mask=m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None]), other=0.)
+        b_dk += tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+    b_dk = b_dk * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
+
+    # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
+    # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
+    # dk_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
+    for j in range(BC * (1 - n_diag)):
+        i_j = i_n + j
+        m_jk = m_k & (i_j < n_t)
+        b_kj = tl.load(k_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+        b_qj = tl.load(q_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
+        b_gj = tl.load(g_c + i_j * (H * K) + o_k, mask=m_jk, other=0.)
+        m_lo = (o_c >= j)[:, None]
+        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_r & (o_c >= j), other=0.)
+        b_ak = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_r & (o_c <= j) & (i_j < n_t), other=0.)
+        # one exp serves both: rows i >= n + j take exp(G_i - G_{n+j}) (dq), rows i <= n + j
+        # exp(G_{n+j} - G_i) (dk), the two meet at 1 on i = n + j
+        b_d = b_g - b_gj[None, :]
+        b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        b_dq += tl.where(m_lo, b_aq[:, None] * b_kj[None, :] * b_e, 0.)
+        b_dk += tl.where(o_c[:, None] <= j, b_ak[:, None] * b_qj[None, :] * b_e, 0.)
+    tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq, mask=m_rk)
+    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dk, mask=m_rk)
 
 
 @triton.jit(do_not_specialize=["T"])
-def kda_fwd_intra_kernel(
+def kda_fwd_wu_kernel(
     q,
     k,
-    a,
-    b,
-    g,
-    g_last,
-    qg,
-    kg,
-    bg,
-    w,
-    Mm,
+    v,
+    G,
+    Mkk,
     Aqk,
-    Aqb,
-    ag,
-    P,
-    Aak,
+    beta,
+    do,
+    Ai,
+    w,
+    u,
+    dv_local,
     cu_seqlens,
     chunk_indices,
     scale,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
+    V: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    STORE_BWD: tl.constexpr,
-    FACTORED: tl.constexpr,
+    BV: tl.constexpr,
+    DV_LOCAL: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FACTOR_SPAN: tl.constexpr,
 ):
-    # One program per (chunk, batch * head). Two passes over K blocks: the first accumulates the four
-    # [BT, BT] A matrices and stores qg, kg, bg; then P = (I - A_ab)^{-1} by forward substitution; the
-    # second pass forms W = P ag block by block. The A matrices are tensor-core dots of x exp(Gx - G_m)
-    # and y exp(G_m - G) around the chunk's middle row m where every factor is known to be finite
-    # (FACTORED: a gate lower bound; else per K block, gates moving at most FACTOR_SPAN), else entry by
-    # entry (a [BT, BT, BK] tile of decays; BT = 16).
-    # The [BT, BT] products of the inverse are tiny: fp32 "ieee" dots keep them exact to fp32.
-    tl.static_assert(FACTORED or BT == 16, "chunk_dplr: the entry-wise decay tiles are sized for 16-token chunks")
+    # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
+    # rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are masked out entirely, so the same code
+    # serves BT = 16, 32 and 64.
+    #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
+    #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
+    #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
+    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai diag(beta
+    #     ) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
+    #      the blocks without any layout shuffle in registers).
+    #   4. With DV_LOCAL (backward), also dv_local = P^T do, P = A_qk from fwd_A (loaded transposed).
+    # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
+    # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
+    tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t owns state i_t.
+        # chunk_indices[i_t] = (sequence, chunk within it).
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        i_hc = i_t.to(tl.int64)
     else:
         i_tc = i_t
         bos = i_b.to(tl.int64) * T
         T_seq = T
-        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    b_Aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    b_Aqb = tl.zeros([BT, BT], dtype=tl.float32)
-    b_Aak = tl.zeros([BT, BT], dtype=tl.float32)
-    b_Aab = tl.zeros([BT, BT], dtype=tl.float32)
+    o_c = tl.arange(0, 16)
+    k_c = k + t0 * H * K + i_h * K
+    Ai_c = Ai + t0 * H * BT + i_h * BT
+    # rows of block c within the chunk, and which of them are real tokens of this chunk
+    o_r0 = o_c
+    o_r1 = o_c + 16
+    o_r2 = o_c + 32
+    o_r3 = o_c + 48
+    m_r0 = (o_r0 < BT) & (i_tc * BT + o_r0 < T_seq)
+    m_r1 = (o_r1 < BT) & (i_tc * BT + o_r1 < T_seq)
+    m_r2 = (o_r2 < BT) & (i_tc * BT + o_r2 < T_seq)
+    m_r3 = (o_r3 < BT) & (i_tc * BT + o_r3 < T_seq)
+    b_beta0 = tl.load(beta + (t0 + o_r0) * H + i_h, mask=m_r0, other=0.).to(tl.float32)
+    b_beta1 = tl.load(beta + (t0 + o_r1) * H + i_h, mask=m_r1, other=0.).to(tl.float32)
+    b_beta2 = tl.load(beta + (t0 + o_r2) * H + i_h, mask=m_r2, other=0.).to(tl.float32)
+    b_beta3 = tl.load(beta + (t0 + o_r3) * H + i_h, mask=m_r3, other=0.).to(tl.float32)
+
+    # 1. A_cd = beta_c M_cd for the ten blocks on or below the diagonal; a diagonal block keeps only its
+    #    strictly lower part (fwd_A wrote M_ii = |k_i|^2 there)
+    Mkk_c = Mkk + t0 * H * BT + i_h * BT
+    m_s = o_c[:, None] > o_c[None, :]
+    b_A00 = tl.load(Mkk_c + o_r0[:, None] * (H * BT) + o_r0[None, :], mask=m_r0[:, None], other=0.) * b_beta0[:, None]
+    b_A00 = tl.where(m_s, b_A00, 0.)
+    b_A10 = tl.load(Mkk_c + o_r1[:, None] * (H * BT) + o_r0[None, :], mask=m_r1[:, None], other=0.) * b_beta1[:, None]
+    b_A11 = tl.load(Mkk_c + o_r1[:, None] * (H * BT) + o_r1[None, :], mask=m_r1[:, None], other=0.) * b_beta1[:, None]
+    b_A11 = tl.where(m_s, b_A11, 0.)
+    b_A20 = tl.load(Mkk_c + o_r2[:, None] * (H * BT) + o_r0[None, :], mask=m_r2[:, None], other=0.) * b_beta2[:, None]
+    b_A21 = tl.load(Mkk_c + o_r2[:, None] * (H * BT) + o_r1[None, :], mask=m_r2[:, None], other=0.) * b_beta2[:, None]
+    b_A22 = tl.load(Mkk_c + o_r2[:, None] * (H * BT) + o_r2[None, :], mask=m_r2[:, None], other=0.) * b_beta2[:, None]
+    b_A22 = tl.where(m_s, b_A22, 0.)
+    b_A30 = tl.load(Mkk_c + o_r3[:, None] * (H * BT) + o_r0[None, :], mask=m_r3[:, None], other=0.) * b_beta3[:, None]
+    b_A31 = tl.load(Mkk_c + o_r3[:, None] * (H * BT) + o_r1[None, :], mask=m_r3[:, None], other=0.) * b_beta3[:, None]
+    b_A32 = tl.load(Mkk_c + o_r3[:, None] * (H * BT) + o_r2[None, :], mask=m_r3[:, None], other=0.) * b_beta3[:, None]
+    b_A33 = tl.load(Mkk_c + o_r3[:, None] * (H * BT) + o_r3[None, :], mask=m_r3[:, None], other=0.) * b_beta3[:, None]
+    b_A33 = tl.where(m_s, b_A33, 0.)
+
+    # 2a. X_c = (I + A_cc)^{-1} - I by forward substitution on all four diagonal blocks at once: row r
+    #     is -A_cc[r] - sum_m A_cc[r, m] X_c[m] over the rows m < r already done. X_c starts as -A_cc,
+    #     whose rows 0 and 1 are final; row r of it still holds -A_cc[r] when its turn comes.
+    b_X0 = -b_A00
+    b_X1 = -b_A11
+    b_X2 = -b_A22
+    b_X3 = -b_A33
+    for r in range(2, 16):
+        m_r = o_c[:, None] == r
+        b_a = tl.sum(tl.where(m_r, b_X0, 0.), axis=0)
+        b_a += tl.sum(b_a[:, None] * b_X0, axis=0)
+        b_X0 = tl.where(m_r, b_a[None, :], b_X0)
+        b_a = tl.sum(tl.where(m_r, b_X1, 0.), axis=0)
+        b_a += tl.sum(b_a[:, None] * b_X1, axis=0)
+        b_X1 = tl.where(m_r, b_a[None, :], b_X1)
+        b_a = tl.sum(tl.where(m_r, b_X2, 0.), axis=0)
+        b_a += tl.sum(b_a[:, None] * b_X2, axis=0)
+        b_X2 = tl.where(m_r, b_a[None, :], b_X2)
+        b_a = tl.sum(tl.where(m_r, b_X3, 0.), axis=0)
+        b_a += tl.sum(b_a[:, None] * b_X3, axis=0)
+        b_X3 = tl.where(m_r, b_a[None, :], b_X3)
+    b_I = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
+    b_Ai00 = b_X0 + b_I
+    b_Ai11 = b_X1 + b_I
+    b_Ai22 = b_X2 + b_I
+    b_Ai33 = b_X3 + b_I
+    # 2b. Off-diagonal blocks, block row by block row (each needs the rows above it), in fp32.
+    b_Y = tl.dot(b_A10, b_Ai00, input_precision="ieee")
+    b_Ai10 = -tl.dot(b_Ai11, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A21, b_Ai11, input_precision="ieee")
+    b_Ai21 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A20, b_Ai00, input_precision="ieee")
+    b_Y = tl.dot(b_A21, b_Ai10, b_Y, input_precision="ieee")
+    b_Ai20 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A32, b_Ai22, input_precision="ieee")
+    b_Ai32 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A31, b_Ai11, input_precision="ieee")
+    b_Y = tl.dot(b_A32, b_Ai21, b_Y, input_precision="ieee")
+    b_Ai31 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A30, b_Ai00, input_precision="ieee")
+    b_Y = tl.dot(b_A31, b_Ai10, b_Y, input_precision="ieee")
+    b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
+    b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
+
+    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them),
+    #    then read Ai back whole; the barrier makes every thread's stores visible to the whole program.
+    tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
+    tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r0[None, :], b_Ai10.to(Ai.dtype.element_ty), mask=m_r1[:, None])
+    tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r1[None, :], b_Ai11.to(Ai.dtype.element_ty), mask=m_r1[:, None])
+    tl.store(Ai_c + o_r2[:, None] * (H * BT) + o_r0[None, :], b_Ai20.to(Ai.dtype.element_ty), mask=m_r2[:, None])
+    tl.store(Ai_c + o_r2[:, None] * (H * BT) + o_r1[None, :], b_Ai21.to(Ai.dtype.element_ty), mask=m_r2[:, None])
+    tl.store(Ai_c + o_r2[:, None] * (H * BT) + o_r2[None, :], b_Ai22.to(Ai.dtype.element_ty), mask=m_r2[:, None])
+    tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r0[None, :], b_Ai30.to(Ai.dtype.element_ty), mask=m_r3[:, None])
+    tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
+    tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
+    tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
+    tl.debug_barrier()
+    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
+    b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
+
+    # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
+    # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
+    b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    b_Aw = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    # the per-channel factor exp(G) of W goes on each k tile (G <= 0)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
         o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_g = tl.zeros([BT, BK], dtype=tl.float32)
-        if USE_G:
-            b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
-        b_G = tl.cumsum(b_g, axis=0)
-        b_Gx = b_G - b_g
-        b_GL = tl.sum(b_g, axis=0)
-        # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
-        # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
-        if FACTORED:
-            use_dots = True
-        else:
-            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
-            use_dots = b_span <= FACTOR_SPAN
-        if use_dots:
-            # k and b loaded transposed ([BK, BT]) for the dots, with their gate cumsum along axis 1
-            o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
-            m_kt = (o_k < K)[:, None] & m_t[None, :]
-            b_kT = tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32)
-            b_bT = tl.load(b + o_kt, mask=m_kt, other=0.).to(tl.float32)
-            b_GT = tl.zeros([BK, BT], dtype=tl.float32)
-            if USE_G:
-                b_GT = tl.cumsum(tl.load(g + o_kt, mask=m_kt, other=0.).to(tl.float32), axis=1)
-            b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-            b_GmT = tl.sum(tl.where(o_i[None, :] == BT // 2, b_GT, 0.), axis=1)
-            b_qf = b_q * tl.exp(b_G - b_Gm[None, :])
-            b_af = b_a * tl.exp(b_Gx - b_Gm[None, :])
-            b_up = tl.exp(b_GmT[:, None] - b_GT)
-            b_Aqk = tl.dot(b_qf, b_kT * b_up, b_Aqk, input_precision=DOT_PRECISION)
-            b_Aqb = tl.dot(b_qf, b_bT * b_up, b_Aqb, input_precision=DOT_PRECISION)
-            b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
-            b_Aab = tl.dot(b_af, b_bT * b_up, b_Aab, input_precision=DOT_PRECISION)
-        else:
-            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
-            b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
-            b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
-            b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
-        # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
-        b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
-        if USE_G:
-            # the chunk's decay, for the state walks (fwd_h, bwd_dh), where loading and summing the
-            # [BT, K] gate tile would sit on the critical path of every step
-            tl.store(g_last + (i_hc * H + i_h) * K + o_k, b_GL, mask=o_k < K)
-        tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
-        tl.store(kg + o_tk, (b_k * b_decay_to_end).to(kg.dtype.element_ty), mask=m_tk)
-        tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
-    # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
-    b_Aqk = tl.where(o_i[:, None] >= o_i[None, :], b_Aqk, 0.)
-    b_Aqb = tl.where(o_i[:, None] >= o_i[None, :], b_Aqb, 0.)
-    b_Aak = tl.where(o_i[:, None] > o_i[None, :], b_Aak, 0.)
-    b_Aab = tl.where(o_i[:, None] > o_i[None, :], b_Aab, 0.)
-    # P = (I - A_ab)^{-1}: row t of P is e_t + sum_{s < t} A_ab[t, s] P[s, :]
-    b_P = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
-    for i in range(1, BT):
-        b_row = tl.sum(tl.where(o_i[:, None] == i, b_Aab, 0.), axis=0)
-        b_new = tl.sum(b_row[:, None] * b_P, axis=0)
-        b_P = tl.where(o_i[:, None] == i, b_new[None, :] + tl.where(o_i[None, :] == i, 1., 0.), b_P)
-    b_M = tl.dot(b_P, b_Aak, input_precision="ieee")
-    o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-    m_tt = m_t[:, None] & (o_i < BT)[None, :]
-    tl.store(Mm + o_tt, b_M.to(Mm.dtype.element_ty), mask=m_tt)
-    tl.store(Aqk + o_tt, b_Aqk.to(Aqk.dtype.element_ty), mask=m_tt)
-    tl.store(Aqb + o_tt, b_Aqb.to(Aqb.dtype.element_ty), mask=m_tt)
-    if STORE_BWD:
-        tl.store(P + o_tt, b_P.to(P.dtype.element_ty), mask=m_tt)
-        tl.store(Aak + o_tt, b_Aak.to(Aak.dtype.element_ty), mask=m_tt)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
-        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        if USE_G:
-            b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
-            # exp(G_{t-1}) <= 1
-            b_a *= tl.exp(tl.cumsum(b_g, axis=0) - b_g)
-        tl.store(w + o_tk, tl.dot(b_P, b_a, input_precision="ieee").to(w.dtype.element_ty), mask=m_tk)
-        if STORE_BWD:
-            tl.store(ag + o_tk, b_a.to(ag.dtype.element_ty), mask=m_tk)
+        b_kg = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32) * tl.exp(tl.load(G + o_tk, mask=m_tk, other=0.))
+        b_w = tl.dot(b_Aw, b_kg.to(k.dtype.element_ty))
+        tl.store(w + o_tk, b_w.to(w.dtype.element_ty), mask=m_tk)
+    if DV_LOCAL:
+        # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
+        b_PT = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_t[None, :], other=0.)
+        b_PT = b_PT.to(k.dtype.element_ty)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
+        b_u = tl.dot(b_Au, b_v)
+        tl.store(u + o_tv, b_u.to(u.dtype.element_ty), mask=m_tv)
+        if DV_LOCAL:
+            b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
+            tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_h_kernel(
-    v,
-    g_last,
-    qg,
-    kg,
-    bg,
+    k,
     w,
-    Mm,
-    Aqk,
-    Aqb,
-    o,
-    h,
     u,
+    G,
+    h,
+    v_new,
     h0,
     ht,
     cu_seqlens,
@@ -209,18 +455,14 @@ def kda_fwd_h_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    USE_G: tl.constexpr,
-    STORE_O: tl.constexpr,
-    STORE_STATES: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks of its sequence in order with the
-    # [BK, BV] block of the state in fp32 registers; BK covers all of K (U = W S0 contracts over it).
-    # Per chunk: U = W S0 + M V; o = qg S0 + A_qb U + A_qk V (forward); S = exp(G_L) S0 + bg^T U + kg^T V.
-    # With STORE_STATES (backward) the chunk-start states and U are stored instead of o.
+    # [BK, BV] block of the state in fp32 registers. BK covers all of K: v_new = U - W h contracts over
+    # the whole key dim before the state can be updated. Stores the state at the start of every chunk
+    # and v_new (input dtype: both feed tl.dot later).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -247,132 +489,44 @@ def kda_fwd_h_kernel(
     for i_t in range(0, NT):
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        if STORE_STATES:
-            tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
-        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        m_tk = m_t[:, None] & m_k[None, :]
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-        m_tt = m_t[:, None] & (o_i < BT)[None, :]
-        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
-        b_w = tl.load(w + o_tk, mask=m_tk, other=0.)
-        b_S0 = b_h.to(b_w.dtype)
-        b_u = tl.dot(b_w, b_S0, input_precision=DOT_PRECISION)
-        b_u = tl.dot(tl.load(Mm + o_tt, mask=m_tt, other=0.), b_v, b_u, input_precision=DOT_PRECISION)
-        b_uc = b_u.to(b_v.dtype)
-        if STORE_STATES:
-            tl.store(u + o_tv, b_uc, mask=m_tv)
-        if STORE_O:
-            b_o = tl.dot(tl.load(qg + o_tk, mask=m_tk, other=0.), b_S0, input_precision=DOT_PRECISION)
-            b_o = tl.dot(tl.load(Aqb + o_tt, mask=m_tt, other=0.), b_uc, b_o, input_precision=DOT_PRECISION)
-            b_o = tl.dot(tl.load(Aqk + o_tt, mask=m_tt, other=0.), b_v, b_o, input_precision=DOT_PRECISION)
-            tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
-        if USE_G:
-            # exp(G_L): the decay of the whole chunk, as fwd_intra stored it (fp32)
-            b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
-            b_h *= tl.exp(b_GL)[:, None]
+        # One rounding of the state to the input dtype serves both its store and the dot. v_new = U - W h
+        # subtracts after the dot: folding it into the dot as W (-h) + U kept a negated copy of the state
+        # alive, 64 more FADDs and 32 more conversions per thread per chunk at K = 256 and 238 vs 253
+        # registers, and cost 0.345 vs 0.238 ms at 2x8192x8x256, 0.449 vs 0.266 at 1x16384x16x128 (H100,
+        # same launch configs, same process; benchmarks/RESULTS.md, session 8)
+        b_hb = b_h.to(h.dtype.element_ty)
+        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
+        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
+        tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
         m_kt = m_k[:, None] & m_t[None, :]
-        b_h = tl.dot(tl.load(bg + o_kt, mask=m_kt, other=0.), b_uc, b_h, input_precision=DOT_PRECISION)
-        b_h = tl.dot(tl.load(kg + o_kt, mask=m_kt, other=0.), b_v, b_h, input_precision=DOT_PRECISION)
+        b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H * K + i_h * K + o_k, mask=m_k, other=0.)
+        b_dT = tl.exp(tl.where(m_kt, b_GL[:, None] - tl.load(G + o_kt, mask=m_kt, other=0.), float("-inf")))
+        # h' = diag(exp(G_L)) h + (k * exp(G_L - G))^T v_new: the per-channel factor on the k^T tile, every
+        # exponent <= 0 (-inf past the sequence end)
+        b_kT = (tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32) * b_dT).to(k.dtype.element_ty)
+        b_h *= tl.exp(b_GL)[:, None]
+        b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T"])
-def kda_bwd_dh_kernel(
-    g_last,
-    qg,
-    bg,
-    w,
-    Aqb,
-    do,
-    dht,
-    dh,
-    du,
-    dh0,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_G: tl.constexpr,
-    USE_FINAL_STATE_GRADIENT: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # One program per (V block, sequence * head) walks the chunks backwards with dS (the gradient of
-    # the state at the chunk end) in fp32 registers: stores dS per chunk, then
-    # dU = A_qb^T do + bg dS and dS0 = exp(G_L) dS + qg^T do + W^T dU.
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        NT = tl.cdiv(T_seq, BT)
-        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        T_seq = T
-        NT = tl.cdiv(T, BT)
-        boh = i_n.to(tl.int64) * NT
-    o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None] * V + o_v[None, :]
-
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_FINAL_STATE_GRADIENT:
-        b_dh += tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
-    for i_r in range(0, NT):
-        i_t = NT - 1 - i_r
-        t0 = bos + i_t * BT
-        m_t = i_t * BT + o_i < T_seq
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        m_tk = m_t[:, None] & m_k[None, :]
-        o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
-        m_kt = m_k[:, None] & m_t[None, :]
-        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        # A_qb^T, loaded transposed: element (s, t) is A_qb[t, s]
-        o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-        m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-        b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-        b_bg = tl.load(bg + o_tk, mask=m_tk, other=0.)
-        b_du = tl.dot(b_bg, b_dh.to(b_bg.dtype), input_precision=DOT_PRECISION)
-        b_du = tl.dot(tl.load(Aqb + o_ttT, mask=m_ttT, other=0.), b_do, b_du, input_precision=DOT_PRECISION)
-        b_duc = b_du.to(b_do.dtype)
-        tl.store(du + o_tv, b_duc, mask=m_tv)
-        if USE_G:
-            b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
-            b_dh *= tl.exp(b_GL)[:, None]
-        b_dh = tl.dot(tl.load(qg + o_kt, mask=m_kt, other=0.), b_do, b_dh, input_precision=DOT_PRECISION)
-        b_dh = tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_duc, b_dh, input_precision=DOT_PRECISION)
-    if USE_INITIAL_STATE:
-        tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
-
 
 @triton.jit(do_not_specialize=["T"])
-def kda_bwd_dv_kernel(
-    kg,
-    Mm,
+def kda_fwd_o_kernel(
+    q,
+    k,
+    v_new,
+    G,
     Aqk,
-    do,
-    du,
-    dh,
-    dv,
+    h,
+    o,
     cu_seqlens,
     chunk_indices,
+    scale,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -381,9 +535,12 @@ def kda_bwd_dv_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
-    # One program per (V block, chunk, batch * head): dV = kg dS + A_qk^T do + M^T dU.
+    # One program per (V block, chunk, batch * head):
+    # o = scale * ((q * exp(G)) @ h) + A_qk @ v_new, A_qk from fwd_A (scale and the causal mask in it).
+    # q @ k^T and q @ h are accumulated in two separate K loops, each loop holding a single dot: on
+    # mma.sync targets Triton gives every dot that shares a region with another dot a different warp
+    # layout than a lone dot, and the o accumulator must not meet two layouts (MMA -> MMA conversion).
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
@@ -404,46 +561,42 @@ def kda_bwd_dv_kernel(
     t0 = bos + i_tc * BT
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
-    dh_c = dh + (i_hc * H + i_h) * K * V
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    q_c = q + t0 * H * K + i_h * K
+    k_c = k + t0 * H * K + i_h * K
+    h_c = h + (i_hc * H + i_h) * K * V
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_kg = tl.load(kg + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :],
-                       mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_dh = tl.load(dh_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_dv = tl.dot(b_kg, b_dh, b_dv, input_precision=DOT_PRECISION)
-    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-    b_dv = tl.dot(tl.load(Aqk + o_ttT, mask=m_ttT, other=0.), tl.load(do + o_tv, mask=m_tv, other=0.), b_dv, input_precision=DOT_PRECISION)
-    b_dv = tl.dot(tl.load(Mm + o_ttT, mask=m_ttT, other=0.), tl.load(du + o_tv, mask=m_tv, other=0.), b_dv, input_precision=DOT_PRECISION)
-    tl.store(dv + o_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        o_tk = o_i[:, None] * (H * K) + o_k[None, :]
+        # q * scale exp(G), G <= 0
+        b_q = tl.load(q_c + o_tk, mask=m_tk, other=0.).to(tl.float32) * (scale * tl.exp(tl.load(G + t0 * H * K + i_h * K + o_tk, mask=m_tk, other=0.)))
+        b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=(o_k[:, None] < K) & m_v[None, :], other=0.)
+        b_o = tl.dot(b_q.to(b_h.dtype), b_h, b_o)
+    b_P = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_t[:, None], other=0.)
+    o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_vn = tl.load(v_new + o_tv, mask=m_tv, other=0.)
+    b_o = tl.dot(b_P.to(b_vn.dtype), b_vn, b_o)
+    tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
-def kda_bwd_dA_kernel(
-    v,
-    u,
-    ag,
-    P,
-    Aak,
-    h,
-    dh,
+def kda_bwd_dh_kernel(
+    q,
+    k,
+    w,
+    G,
     do,
-    du,
-    dqg,
-    dw,
-    dbg,
-    dkg,
-    dgam,
-    dAqk,
-    dAqb,
-    dAak,
-    dAab,
+    dv_local,
+    dh,
+    dv_new,
+    dht,
+    dh0,
     cu_seqlens,
-    chunk_indices,
+    chunk_offsets,
+    scale,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -451,147 +604,146 @@ def kda_bwd_dA_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    RB: tl.constexpr,
+    USE_FINAL_STATE_GRADIENT: tl.constexpr,
+    STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
-    # One program per (chunk, batch * head), all of K (BK >= K), looping over V blocks:
-    #   dqg = do S0^T, dW = dU S0^T, dbg = U dS^T, dkg = V dS^T, dgamma = rowsum(S0 * dS),
-    #   dA_qb = do U^T, dA_qk = do V^T, dM = dU V^T, and dW ag^T = dU (ag S0)^T (a [BT, BT] dot per
-    #   V block instead of an fp32 [BT, K] x [K, BT] one, which spills);
-    # then the [BT, BT] chain through M = P A_ak and W = P ag: dP = dM A_ak^T + dW ag^T,
-    # dA_ak = P^T dM, dA_ab = strict_tril(P^T dP P^T). Results are stored in fp32 for bwd_dqk, which
-    # needs them per K block (and forms dag = P^T dW there).
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    # One program per (V block, sequence * head) walks the chunks of its sequence backwards with the
+    # [BK, BV] block of the state gradient D in fp32 registers (BK covers all of K: dv_new contracts
+    # over it). dh[c] is the gradient w.r.t. the state at the END of chunk c (dht for the last one):
+    #   dv_new = dv_local + (k * exp(G_L - G)) @ D
+    #   D     <- diag(exp(G_L)) D + (q * exp(G))^T @ (scale do) - W^T @ dv_new
+    # with the per-channel factors on the [BT, RB] / [RB, BT] key-dim tiles (every exponent <= 0)
+    # D is held as up to four [RB, BV] row blocks (block j: rows j * RB ...; BK <= 4 RB, RB = min(BK, 64)),
+    # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
+    # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
+    # config) against 0.20 (H100, kernel alone, same process; benchmarks/RESULTS.md, session 8).
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t owns state i_t.
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
-        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        i_hc = i_t.to(tl.int64)
+        NT = tl.cdiv(T_seq, BT)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
-        i_tc = i_t
-        bos = i_b.to(tl.int64) * T
+        bos = i_n.to(tl.int64) * T
         T_seq = T
-        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+        NT = tl.cdiv(T, BT)
+        boh = i_n.to(tl.int64) * NT
     o_i = tl.arange(0, BT)
-    m_t = i_tc * BT + o_i < T_seq
-    t0 = bos + i_tc * BT
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    h_c = h + (i_hc * H + i_h) * K * V
-    dh_c = dh + (i_hc * H + i_h) * K * V
-    # The [BT, K] results are accumulated transposed, as [K, BT] = S0 [K, BV] x do^T [BV, BT] etc.: the
-    # dots of one loop body get their warps along M on mma.sync targets, and M = K spreads them where
-    # M = BT = 16 would replicate a [16, K] fp32 accumulator in every warp (~700 B of spills, fla-gen aot).
-    b_dqgT = tl.zeros([BK, BT], dtype=tl.float32)
-    b_dWT = tl.zeros([BK, BT], dtype=tl.float32)
-    b_dbgT = tl.zeros([BK, BT], dtype=tl.float32)
-    b_dkgT = tl.zeros([BK, BT], dtype=tl.float32)
-    b_dgam = tl.zeros([BK], dtype=tl.float32)
-    b_dAqb = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dAqk = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dM = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dPw = tl.zeros([BT, BT], dtype=tl.float32)
-    # ag^T, loaded transposed: [BK, BT]
-    b_agT = tl.load(ag + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None],
-                    mask=m_k[:, None] & m_t[None, :], other=0.)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
+    o_r = tl.arange(0, RB)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    o_rv = o_r[:, None] * V + o_v[None, :]
+    m_r0 = o_r < K
+    b_dh0 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 1 * RB:
+        m_r1 = o_r + 1 * RB < K
+        b_dh1 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 2 * RB:
+        m_r2 = o_r + 2 * RB < K
+        b_dh2 = tl.zeros([RB, BV], dtype=tl.float32)
+    if BK > 3 * RB:
+        m_r3 = o_r + 3 * RB < K
+        b_dh3 = tl.zeros([RB, BV], dtype=tl.float32)
+    if USE_FINAL_STATE_GRADIENT:
+        p_dht = dht + i_nh.to(tl.int64) * K * V + o_rv
+        b_dh0 += tl.load(p_dht, mask=m_r0[:, None] & m_v[None, :], other=0.)
+        if BK > 1 * RB:
+            b_dh1 += tl.load(p_dht + 1 * RB * V, mask=m_r1[:, None] & m_v[None, :], other=0.)
+        if BK > 2 * RB:
+            b_dh2 += tl.load(p_dht + 2 * RB * V, mask=m_r2[:, None] & m_v[None, :], other=0.)
+        if BK > 3 * RB:
+            b_dh3 += tl.load(p_dht + 3 * RB * V, mask=m_r3[:, None] & m_v[None, :], other=0.)
+    for i_r in range(0, NT):
+        i_t = NT - 1 - i_r
+        t0 = bos + i_t * BT
+        m_t = i_t * BT + o_i < T_seq
+        p_dh = dh + ((boh + i_t) * H + i_h) * K * V + o_rv
+        tl.store(p_dh, b_dh0.to(dh.dtype.element_ty), mask=m_r0[:, None] & m_v[None, :])
+        if BK > 1 * RB:
+            tl.store(p_dh + 1 * RB * V, b_dh1.to(dh.dtype.element_ty), mask=m_r1[:, None] & m_v[None, :])
+        if BK > 2 * RB:
+            tl.store(p_dh + 2 * RB * V, b_dh2.to(dh.dtype.element_ty), mask=m_r2[:, None] & m_v[None, :])
+        if BK > 3 * RB:
+            tl.store(p_dh + 3 * RB * V, b_dh3.to(dh.dtype.element_ty), mask=m_r3[:, None] & m_v[None, :])
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        # [BV, BT] tiles: the token-major tensors loaded transposed
-        o_vt = t0 * H * V + i_h * V + o_i[None, :] * (H * V) + o_v[:, None]
-        m_vt = m_v[:, None] & m_t[None, :]
-        o_kv = o_k[:, None] * V + o_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :]
-        b_h = tl.load(h_c + o_kv, mask=m_kv, other=0.)
-        b_dh = tl.load(dh_c + o_kv, mask=m_kv, other=0.)
-        b_doT = tl.load(do + o_vt, mask=m_vt, other=0.)
-        b_duT = tl.load(du + o_vt, mask=m_vt, other=0.)
-        b_uT = tl.load(u + o_vt, mask=m_vt, other=0.)
-        b_vT = tl.load(v + o_vt, mask=m_vt, other=0.)
-        b_dqgT = tl.dot(b_h, b_doT, b_dqgT, input_precision=DOT_PRECISION)
-        b_dWT = tl.dot(b_h, b_duT, b_dWT, input_precision=DOT_PRECISION)
-        b_dbgT = tl.dot(b_dh, b_uT, b_dbgT, input_precision=DOT_PRECISION)
-        b_dkgT = tl.dot(b_dh, b_vT, b_dkgT, input_precision=DOT_PRECISION)
-        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
         b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-        b_du = tl.load(du + o_tv, mask=m_tv, other=0.)
-        b_dAqb = tl.dot(b_do, b_uT, b_dAqb, input_precision=DOT_PRECISION)
-        b_dAqk = tl.dot(b_do, b_vT, b_dAqk, input_precision=DOT_PRECISION)
-        b_dM = tl.dot(b_du, b_vT, b_dM, input_precision=DOT_PRECISION)
-        # (ag S0)^T = S0^T ag^T: [BV, BT], with S0^T loaded transposed
-        b_hT = tl.load(h_c + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :], other=0.)
-        b_XT = tl.dot(b_hT, b_agT, input_precision=DOT_PRECISION)
-        b_dPw = tl.dot(b_du, b_XT.to(b_du.dtype), b_dPw, input_precision=DOT_PRECISION)
-    # the transposed results, stored through transposed offsets: [BK, BT]
-    o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
-    m_kt = m_k[:, None] & m_t[None, :]
-    o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-    m_tt = m_t[:, None] & (o_i < BT)[None, :]
-    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-    m_causal = o_i[:, None] >= o_i[None, :]
-    tl.store(dqg + o_kt, b_dqgT, mask=m_kt)
-    tl.store(dw + o_kt, b_dWT, mask=m_kt)
-    tl.store(dbg + o_kt, b_dbgT, mask=m_kt)
-    tl.store(dkg + o_kt, b_dkgT, mask=m_kt)
-    tl.store(dgam + (i_hc * H + i_h) * K + o_k, b_dgam, mask=m_k)
-    tl.store(dAqb + o_tt, tl.where(m_causal, b_dAqb, 0.), mask=m_tt)
-    tl.store(dAqk + o_tt, tl.where(m_causal, b_dAqk, 0.), mask=m_tt)
-    b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
-    b_dM = tl.where(m_causal, b_dM, 0.)
-    b_dP = tl.dot(b_dM, tl.load(Aak + o_ttT, mask=m_ttT, other=0.).to(tl.float32), b_dPw, input_precision="ieee")
-    b_dAak = tl.dot(b_PT, b_dM, input_precision="ieee")
-    tl.store(dAak + o_tt, tl.where(o_i[:, None] > o_i[None, :], b_dAak, 0.), mask=m_tt)
-    b_dAab = tl.dot(tl.dot(b_PT, b_dP, input_precision="ieee"), b_PT, input_precision="ieee")
-    tl.store(dAab + o_tt, tl.where(o_i[:, None] > o_i[None, :], b_dAab, 0.), mask=m_tt)
+        # k [BT, RB] and q^T, W^T [RB, BT] tiles of row block j
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_r[None, :]
+        o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_r[:, None]
+        # G at the chunk's last valid row, per row block
+        o_gl = (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H * K + i_h * K + o_r
+        b_dvn = tl.zeros([BT, BV], dtype=tl.float32)
+        m_tk = m_t[:, None] & m_r0[None, :]
+        b_GL0 = tl.load(G + o_gl, mask=m_r0, other=0.)
+        b_kd = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32) * tl.exp(tl.where(m_tk, b_GL0[None, :] - tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))
+        b_dvn = tl.dot(b_kd.to(k.dtype.element_ty), b_dh0.to(k.dtype.element_ty), b_dvn)
+        if BK > 1 * RB:
+            m_tk = m_t[:, None] & m_r1[None, :]
+            b_GL1 = tl.load(G + o_gl + 1 * RB, mask=m_r1, other=0.)
+            b_kd = tl.load(k + o_tk + 1 * RB, mask=m_tk, other=0.).to(tl.float32) * tl.exp(tl.where(m_tk, b_GL1[None, :] - tl.load(G + o_tk + 1 * RB, mask=m_tk, other=0.), float("-inf")))
+            b_dvn = tl.dot(b_kd.to(k.dtype.element_ty), b_dh1.to(k.dtype.element_ty), b_dvn)
+        if BK > 2 * RB:
+            m_tk = m_t[:, None] & m_r2[None, :]
+            b_GL2 = tl.load(G + o_gl + 2 * RB, mask=m_r2, other=0.)
+            b_kd = tl.load(k + o_tk + 2 * RB, mask=m_tk, other=0.).to(tl.float32) * tl.exp(tl.where(m_tk, b_GL2[None, :] - tl.load(G + o_tk + 2 * RB, mask=m_tk, other=0.), float("-inf")))
+            b_dvn = tl.dot(b_kd.to(k.dtype.element_ty), b_dh2.to(k.dtype.element_ty), b_dvn)
+        if BK > 3 * RB:
+            m_tk = m_t[:, None] & m_r3[None, :]
+            b_GL3 = tl.load(G + o_gl + 3 * RB, mask=m_r3, other=0.)
+            b_kd = tl.load(k + o_tk + 3 * RB, mask=m_tk, other=0.).to(tl.float32) * tl.exp(tl.where(m_tk, b_GL3[None, :] - tl.load(G + o_tk + 3 * RB, mask=m_tk, other=0.), float("-inf")))
+            b_dvn = tl.dot(b_kd.to(k.dtype.element_ty), b_dh3.to(k.dtype.element_ty), b_dvn)
+        b_dvn += tl.load(dv_local + o_tv, mask=m_tv, other=0.)
+        b_do = (b_do * scale).to(b_do.dtype)
+        tl.store(dv_new + o_tv, b_dvn.to(dv_new.dtype.element_ty), mask=m_tv)
+        b_dvn = b_dvn.to(w.dtype.element_ty)
+        m_kt = m_r0[:, None] & m_t[None, :]
+        b_qg = tl.load(q + o_kt, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.where(m_kt, tl.load(G + o_kt, mask=m_kt, other=0.), float("-inf")))
+        b_dh0 *= tl.exp(b_GL0)[:, None]
+        b_dh0 += tl.dot(b_qg.to(b_do.dtype), b_do) - tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_dvn)
+        if BK > 1 * RB:
+            m_kt = m_r1[:, None] & m_t[None, :]
+            b_qg = tl.load(q + o_kt + 1 * RB, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.where(m_kt, tl.load(G + o_kt + 1 * RB, mask=m_kt, other=0.), float("-inf")))
+            b_dh1 *= tl.exp(b_GL1)[:, None]
+            b_dh1 += tl.dot(b_qg.to(b_do.dtype), b_do) - tl.dot(tl.load(w + o_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
+        if BK > 2 * RB:
+            m_kt = m_r2[:, None] & m_t[None, :]
+            b_qg = tl.load(q + o_kt + 2 * RB, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.where(m_kt, tl.load(G + o_kt + 2 * RB, mask=m_kt, other=0.), float("-inf")))
+            b_dh2 *= tl.exp(b_GL2)[:, None]
+            b_dh2 += tl.dot(b_qg.to(b_do.dtype), b_do) - tl.dot(tl.load(w + o_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
+        if BK > 3 * RB:
+            m_kt = m_r3[:, None] & m_t[None, :]
+            b_qg = tl.load(q + o_kt + 3 * RB, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.where(m_kt, tl.load(G + o_kt + 3 * RB, mask=m_kt, other=0.), float("-inf")))
+            b_dh3 *= tl.exp(b_GL3)[:, None]
+            b_dh3 += tl.dot(b_qg.to(b_do.dtype), b_do) - tl.dot(tl.load(w + o_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
+    if STORE_INITIAL_STATE_GRADIENT:
+        p_dh0 = dh0 + i_nh.to(tl.int64) * K * V + o_rv
+        tl.store(p_dh0, b_dh0, mask=m_r0[:, None] & m_v[None, :])
+        if BK > 1 * RB:
+            tl.store(p_dh0 + 1 * RB * V, b_dh1, mask=m_r1[:, None] & m_v[None, :])
+        if BK > 2 * RB:
+            tl.store(p_dh0 + 2 * RB * V, b_dh2, mask=m_r2[:, None] & m_v[None, :])
+        if BK > 3 * RB:
+            tl.store(p_dh0 + 3 * RB * V, b_dh3, mask=m_r3[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
 def kda_bwd_dqk_kernel(
-    q,
-    k,
-    a,
-    b,
-    g,
-    P,
-    dqg,
-    dw,
-    dbg,
-    dkg,
-    dgam,
-    dAqk,
-    dAqb,
-    dAak,
-    dAab,
-    dq,
-    dk,
-    da,
-    db,
-    dg,
-    cu_seqlens,
-    chunk_indices,
-    scale,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    FACTORED: tl.constexpr,
+    q, k, v_new, G, h, do, dh, dv_new, dq, dk_part, dw, dA, dgl, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FACTOR_SPAN: tl.constexpr,
 ):
-    # One program per (chunk, batch * head), looping over K blocks: everything here is entry-wise in the
-    # key channel, so K blocks are independent once the [BT, BT] matrices are loaded. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
-    #   dx_t = sum_s dA[t, s] y_s E[t, s], dy_s = sum_t dA[t, s] x_t E[t, s] (E = b_Ein or b_Est),
-    # plus the scaled vectors' terms; then dg from the cumulative sums (see the header).
+    # One program per (chunk, batch * head), D = dh[chunk] the gradient w.r.t. the state at the chunk end,
+    # per-channel gate G [BT, K] (fp32, <= 0):
+    #   1. dA = scale do @ v_new^T on the causal triangle (fp32), for bwd_dqk_intra: the gradient of
+    #      A_qk / scale, whose intra-chunk dq and dk that kernel builds in 16-token sub-chunks;
+    #   2. per K tile: dW = -(dv_new @ h^T); dq_part = scale exp(G) * (do @ h^T);
+    #      dk_part = exp(G_L - G) * (v_new @ D^T) (the state's part of dk, fp32);
+    #      dgl = exp(G_L) * rowsum(h * D) + sum_j k_j * dk_part_j, the state's part of dL/dG_L [K].
+    # Every inner V loop holds a single dot (one MMA layout per accumulator on mma.sync targets).
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
@@ -610,190 +762,279 @@ def kda_bwd_dqk_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    # the [BT, BT] matrices are loaded once for all K blocks (plain, and transposed where a dot needs it)
-    o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-    m_tt = m_t[:, None] & (o_i < BT)[None, :]
-    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-    b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)
-    b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)
-    b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)
-    b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
-    # P^T, loaded transposed (element (t, r) is P[r, t]), for dag = P^T dW
-    b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
-    b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
-    b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
-    b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
-    b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
+    vn_c = v_new + t0 * H * V + i_h * V
+    do_c = do + t0 * H * V + i_h * V
+    dvn_c = dv_new + t0 * H * V + i_h * V
+    h_c = h + (i_hc * H + i_h) * K * V
+    dh_c = dh + (i_hc * H + i_h) * K * V
+    o_gl = (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K
+
+    # 1. dA[i, j] = scale do_i . v_new_j (i >= j)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_do = tl.load(do_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.)
+        b_vnT = tl.load(vn_c + o_i[None, :] * (H * V) + o_v[:, None], mask=(o_v[:, None] < V) & m_t[None, :], other=0.)
+        b_dA = tl.dot(b_do, b_vnT, b_dA)
+    b_dA = tl.where((o_i[:, None] >= o_i[None, :]) & m_t[:, None], b_dA * scale, 0.)
+    tl.store(dA + t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :], b_dA, mask=m_t[:, None])
+
+    # 2. h^T and D^T [BV, BK] are loaded transposed (the right operands of the dots).
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
         o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_dvn = tl.load(dvn_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+            b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_v[:, None] & m_k[None, :], other=0.)
+            b_dw = tl.dot(b_dvn, b_hT, b_dw)
+        tl.store(dw + o_tk, (-b_dw).to(dw.dtype.element_ty), mask=m_tk)
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_do = tl.load(do_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+            b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_v[:, None] & m_k[None, :], other=0.)
+            b_dq = tl.dot(b_do, b_hT, b_dq)
+        tl.store(dq + o_tk, b_dq * (scale * tl.exp(tl.where(m_tk, tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))),
+                 mask=m_tk)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_hdh = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_vk = m_v[:, None] & m_k[None, :]
+            b_vn = tl.load(vn_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+            b_dhT = tl.load(dh_c + o_v[:, None] + o_k[None, :] * V, mask=m_vk, other=0.)
+            b_dk = tl.dot(b_vn, b_dhT, b_dk)
+            b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_vk, other=0.)
+            b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        # G is loaded again rather than kept live across the V loop: 244 registers and no spill against 255 and
+        # 8 B spilled (fla-gen aot, sm90, bf16, head dim 128)
+        b_gl = tl.load(G + o_gl + o_k, mask=m_k, other=0.)
+        b_dk *= tl.exp(tl.where(m_tk, b_gl[None, :] - tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))
+        tl.store(dk_part + o_tk, b_dk, mask=m_tk)
         b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_g = tl.zeros([BT, BK], dtype=tl.float32)
-        if USE_G:
-            b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
-        b_G = tl.cumsum(b_g, axis=0)
-        b_Gx = b_G - b_g
-        b_GL = tl.sum(b_g, axis=0)
-        # the A-matrix parts, x side (indexed by t) and y side (indexed by s), on this kernel's K blocks
-        # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
-        # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
-        if FACTORED:
-            use_dots = True
-        else:
-            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
-            use_dots = b_span <= FACTOR_SPAN
-        if use_dots:
-            # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
-            b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-            b_down = tl.exp(b_G - b_Gm[None, :])
-            b_downx = tl.exp(b_Gx - b_Gm[None, :])
-            b_up = tl.exp(b_Gm[None, :] - b_G)
-            b_kf = b_k * b_up
-            b_bf = b_b * b_up
-            b_qf = b_q * b_down
-            b_af = b_a * b_downx
-            b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
-                                    input_precision=DOT_PRECISION)
-            b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
-                                     input_precision=DOT_PRECISION)
-            b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
-                                  input_precision=DOT_PRECISION)
-            b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
-                                  input_precision=DOT_PRECISION)
-        else:
-            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
-            b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
-            b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
-            b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
-        # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
-        b_eG = tl.exp(b_G)
-        b_eGx = tl.exp(b_Gx)
-        b_eL = tl.exp(b_GL[None, :] - b_G)
-        b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
-        b_dag = tl.dot(b_PT, tl.load(dw + o_tk, mask=m_tk, other=0.), input_precision="ieee")
-        b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
-        b_dkg = tl.load(dkg + o_tk, mask=m_tk, other=0.)
-        b_dq = b_dqA + b_dqg * b_eG
-        b_da = b_daA + b_dag * b_eGx
-        b_dk = b_dkA + b_dkg * b_eL
-        b_db = b_dbA + b_dbg * b_eL
-        tl.store(dq + o_tk, (b_dq * scale).to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dgl + (i_hc * H + i_h) * K + o_k, tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0), mask=m_k)
+
+
+@triton.jit(do_not_specialize=["T"])
+def kda_bwd_wy_kernel(
+    k, v, G, beta, Ai, Mkk, dw, dv_new, dk_part, dv, dbeta, dG, dA, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # One program per (chunk, batch * head): the gradients through W = Ai diag(beta) (K * exp(G)),
+    # U = Ai diag(beta) V and Ai = (I + A)^{-1}, A = diag(beta) M, M = K K^T * Gamma (dU = dv_new):
+    #   1. K loop: dAi = dW (K * exp(G))^T (the per-channel factor on the k^T tile);
+    #   2. V loop: dAi += dU V^T, then * beta on its columns; dv = beta (Ai^T dU), dbeta_i += v_i . (Ai^T dU)_i;
+    #   3. dA = -(Ai^T dAi Ai^T) strictly below the diagonal; dbeta_i += sum_j dA_ij M_ij; stores
+    #      diag(beta) dA (fp32), the gradient of M, for bwd_dqk_intra (which builds its dk in sub-chunks);
+    #   4. K loop: X = Ai^T dW, dk_W = beta exp(G) * X, dbeta_i += (k_i exp(G_i)) . X_i; dk_part += dk_W
+    #      (in place) and dG = k * (dk_W - dk_state), the W and state parts of dL/dG.
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        # chunk_indices[i_t] = (sequence, chunk within it).
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        i_tc = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+    o_i = tl.arange(0, BT)
+    m_t = i_tc * BT + o_i < T_seq
+    t0 = bos + i_tc * BT
+    o_tA = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
+    m_A = o_i[:, None] >= o_i[None, :]
+    # Ai (lower triangle) and Ai^T (loaded transposed); loaded again at each use to keep them short-lived
+    p_AiT = Ai + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
+    m_AiT = (o_i[:, None] <= o_i[None, :]) & m_t[None, :]
+    b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+
+    # 1. through W
+    b_dAi = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_kt = m_k[:, None] & m_t[None, :]
+        o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
+        b_kgT = tl.load(k + o_kt, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.load(G + o_kt, mask=m_kt, other=0.))
+        b_dw = tl.load(dw + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_dAi = tl.dot(b_dw, b_kgT.to(k.dtype.element_ty), b_dAi)
+
+    # 2. through U
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
+        b_vT = tl.load(v + t0 * H * V + i_h * V + o_i[None, :] * (H * V) + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.)
+        b_du = tl.load(dv_new + o_tv, mask=m_tv, other=0.)
+        b_dAi = tl.dot(b_du, b_vT, b_dAi)
+        b_dvb = tl.dot(b_AiT, b_du)
+        b_db += tl.sum(b_dvb * b_v.to(tl.float32), axis=1)
+        tl.store(dv + o_tv, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+
+    # 3. through the inverse (Ai is lower triangular: only the lower triangle of dAi reaches A)
+    b_dAi = tl.where(m_A, b_dAi * b_beta[None, :], 0.).to(k.dtype.element_ty)
+    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_dA = -tl.dot(tl.dot(b_AiT, b_dAi).to(k.dtype.element_ty), b_AiT)
+    m_s = (o_i[:, None] > o_i[None, :]) & m_t[:, None]
+    b_dA = tl.where(m_s, b_dA, 0.)
+    b_db += tl.sum(b_dA * tl.load(Mkk + o_tA, mask=m_s, other=0.), axis=1)
+    tl.store(dA + o_tA, b_dA * b_beta[:, None], mask=m_t[:, None])
+
+    # 4. dk through W, and the W / state parts of dL/dG
+    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+        b_X = tl.dot(b_AiT, tl.load(dw + o_tk, mask=m_tk, other=0.))
+        b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
+        b_eg = tl.exp(tl.load(G + o_tk, mask=m_tk, other=0.))
+        b_db += tl.sum(b_k * b_eg * b_X, axis=1)
+        b_dkw = b_X * b_eg * b_beta[:, None]
+        b_dks = tl.load(dk_part + o_tk, mask=m_tk, other=0.)
+        tl.store(dk_part + o_tk, b_dks + b_dkw, mask=m_tk)
+        tl.store(dG + o_tk, b_k * (b_dkw - b_dks), mask=m_tk)
+    tl.store(dbeta + (t0 + o_i) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T"])
+def kda_bwd_dqkg_kernel(
+    q, k, dq_part, dq_intra, dk_part, dk_qk, dk_row, dk_col, dG, dgl, dq, dk, dg, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    # One program per (chunk, batch * head), K tile by K tile: dq and dk from their parts (fp32), and
+    #   dL/dG_i = dG_i (W and state parts, bwd_wy) + q_i dq_i + k_i (dk_row_i - dk_qk_i - dk_col_i)
+    # (A_qk's rows and columns, A_kk's rows and columns: bwd_dqk_intra), then the gate gradient
+    #   dg_t = sum_{i >= t in the chunk} dL/dG_i + dgl (the G_L term, which every token of the chunk reaches).
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+        # numbered by the global chunk id, so chunk i_t owns state i_t.
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        i_hc = i_t.to(tl.int64)
+    else:
+        i_tc = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+    o_i = tl.arange(0, BT)
+    m_t = i_tc * BT + o_i < T_seq
+    t0 = bos + i_tc * BT
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+        b_dq = tl.load(dq_part + o_tk, mask=m_tk, other=0.) + tl.load(dq_intra + o_tk, mask=m_tk, other=0.)
+        tl.store(dq + o_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        b_dkr = tl.load(dk_row + o_tk, mask=m_tk, other=0.)
+        b_dkq = tl.load(dk_qk + o_tk, mask=m_tk, other=0.)
+        b_dkc = tl.load(dk_col + o_tk, mask=m_tk, other=0.)
+        b_dk = tl.load(dk_part + o_tk, mask=m_tk, other=0.) + b_dkr + b_dkq + b_dkc
         tl.store(dk + o_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-        tl.store(da + o_tk, b_da.to(da.dtype.element_ty), mask=m_tk)
-        tl.store(db + o_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
-        if USE_G:
-            # dL/dG_t (inclusive), dL/dG_{t-1} (exclusive) and dL/dG_L, each entry-wise in the channel
-            b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
-            b_dGx = b_a * b_da
-            b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
-            b_gam = tl.exp(b_GL)
-            b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
-            b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
-            tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+        b_dG = tl.load(dG + o_tk, mask=m_tk, other=0.) + \
+            tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * b_dq + \
+            tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32) * (b_dkr - b_dkq - b_dkc)
+        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + tl.load(dgl + (i_hc * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
+        tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
-# ----------------------------------------------------------------------------- launchers
+def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
+    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
 
-def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan):
-    """The per-chunk products of the inputs.
+    G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] float32 from _chunk_A.
 
     Returns:
-        qg, kg, bg, w: [B, T, H, K]; M, A_qk, A_qb: [B, T, H, BT] (q's dtype; row t holds its chunk's
-        row t); with backward also ag: [B, T, H, K] and P, A_ak: [B, T, H, BT], else Nones; g_last:
-        [B, NT, H, K] float32, each chunk's summed log gate, for the state walks (empty without a gate).
+        w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
+        chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
+        g_cum: [B, T, H] float32, the chunk-local cumulative gate for the sequential walks (None without a gate).
     """
-    B, T, H, K = q.shape
+    B, T, H, K = k.shape
+    V = v.shape[-1]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    cfg = plan.config("fwd_intra")
-    qg, kg, bg, w = (torch.empty_like(q) for _ in range(4))
-    M, Aqk, Aqb = (q.new_empty(B, T, H, BT) for _ in range(3))
-    ag = torch.empty_like(q) if backward else None
-    P, Aak = (q.new_empty(B, T, H, BT) for _ in range(2)) if backward else (None, None)
-    # a tensor even without a gate: it travels in the op's saved list, which takes no None
-    g_last = q.new_empty(B, NT, H, K, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
-    kda_fwd_intra_kernel[(NT, B * H)](
+    cfg = plan.config("fwd_wu")
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    Ai = k.new_empty(B, T, H, BT)
+    dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
+    g_cum = None
+    kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
-        a,
-        b,
-        g,
-        g_last,
-        qg,
-        kg,
-        bg,
-        w,
-        M,
+        v,
+        G,
+        Mkk,
         Aqk,
-        Aqb,
-        ag,
-        P,
-        Aak,
+        beta,
+        do,
+        Ai,
+        w,
+        u,
+        dv_local,
         cu_seqlens,
         chunk_indices,
         scale,
         T,
         H=H,
         K=K,
+        V=V,
         BT=BT,
-        BK=launch.dot_tile(cfg.block_k, K),
-        USE_G=g is not None,
-        STORE_BWD=backward,
-        FACTORED=plan.gate_bound is not None,
+        BK=BK,
+        BV=BV,
+        DV_LOCAL=do is not None,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
-        FACTOR_SPAN=launch.factor_span(torch.float32),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last
+    return w, u, Ai, dv_local, g_cum
 
 
-def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
-             plan):
-    """Walk the chunks: the output (forward) or the chunk-start states and U (backward, ``states``).
+def _chunk_h(k, w, u, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+    """States at the start of every chunk, v_new = U - W h, and optionally the final state.
 
     Returns:
-        o: [B, T, H, V] or None; h: [B, NT, H, K, V] (q's dtype; under varlen B == 1 and NT counts the
-        chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
-        or None.
+        h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
+        packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None.
     """
-    qg, kg, bg, w, M, Aqk, Aqb, _, _, _, g_last = intra
-    B, T, H, K = qg.shape
-    V = v.shape[-1]
+    B, T, H, K = k.shape
+    V = u.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BV = launch.dot_tile(cfg.block_v, V)
-    o = None if states else torch.empty_like(v)
-    h = qg.new_empty(B, NT, H, K, V) if states else None
-    u = torch.empty_like(v) if states else None
-    final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
+    h = k.new_empty(B, NT, H, K, V)
+    v_new = torch.empty_like(u)
+    final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     kda_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
-        v,
-        g_last,
-        qg,
-        kg,
-        bg,
+        k,
         w,
-        M,
-        Aqk,
-        Aqb,
-        o,
-        h,
         u,
+        G,
+        h,
+        v_new,
         initial_state,
         final_state,
         cu_seqlens,
@@ -803,255 +1044,227 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         K=K,
         V=V,
         BT=BT,
-        BK=launch.whole_dim_tile(K),
+        BK=BK,
         BV=BV,
-        USE_G=g is not None,
-        STORE_O=not states,
-        STORE_STATES=states,
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(qg.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return o, h, u, final_state
+    return h, v_new, final_state
 
 
-def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """Chunked forward of the DPLR recurrence: 2 kernels (fwd_intra, fwd_h with the output fused).
 
-    S_t = diag(exp(g_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,  o_t = scale * S_t^T q_t.
+
+def _tile(block: int, dim: int) -> int:
+    """A plan's tile clamped to the padded head dim."""
+    return min(block, launch.next_power_of_2(dim))
+
+
+def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
+    """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk."""
+    B, T, H, K = q.shape
+    BT = plan.chunk_size
+    cfg = plan.config("cumsum")
+    BK = _tile(cfg.block_k, K)
+    G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    grid = (launch.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
+    kda_cumsum_kernel[grid](
+        g, G, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BK=BK, USE_G=g is not None,
+
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return G
+
+
+def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
+    """The intra-chunk products of fwd_A (16-token sub-chunks, no positive exponent), both [B, T, H, BT] float32
+    (row t holds the row of its chunk, zeros above the diagonal): Mkk = K K^T * Gamma (with its diagonal; fwd_wu
+    keeps the strictly lower part and applies beta) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j)."""
+    B, T, H, K = q.shape
+    BT = plan.chunk_size
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    BC = min(16, BT)
+    cfg = plan.config("fwd_A")
+    Mkk = q.new_empty(B, T, H, BT, dtype=torch.float32)
+    Aqk = q.new_empty(B, T, H, BT, dtype=torch.float32)
+    for rows, A, s in ((k, Mkk, 1.0), (q, Aqk, scale)):
+        kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
+            rows, k, G, A, cu_seqlens, chunk_indices, s, T,
+            H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+            DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return Mkk, Aqk
+
+
+def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+    """Chunked forward of the delta rule on a per-channel decayed state: cumsum, fwd_A (twice), fwd_wu, fwd_h,
+    fwd_o.
+
+    S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
     Args:
-        q, k, a, b: [B, T, H, K]; v: [B, T, H, V]; one floating dtype.
-        g: [B, T, H, K] per-token, per-channel log gate (fp32 or q's dtype)
-        scale: float multiplying q
+        q, k: [B, T, H, K] (callers usually L2-normalize k); v: [B, T, H, V]; one floating dtype.
+        g: [B, T, H, K] per-token, per-key-channel log gate (fp32 or q's dtype), or None
+        beta: [B, T, H] in (0, 1)
+        scale: float multiplying q . k
         initial_state: [N, H, K, V] float32, or None
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_intra, fwd_h; chunk_size 16).
+        plan: the Plan (stages cumsum, fwd_A, fwd_wu, fwd_h, fwd_o; chunk_size 16, 32 or 64).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: the intra-chunk products (qg, kg, bg, w, M, A_qk, A_qb, ag, P, A_ak, g_last) for chunk_bwd.
+        saved: () -- the backward recomputes everything from the inputs.
     """
-    # The intra-chunk products, the backward's ones included, are kept for the backward: recomputing
-    # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
-    intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
-    o, _, _, final_state = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
-                                    chunk_indices, chunk_offsets, plan)
-    return o, final_state, intra
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT = plan.chunk_size
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
+    Mkk, Aqk = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
+    w, u, _, _, _ = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    del Mkk
+    h, v_new, final_state = _chunk_h(k, w, u, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del w, u  # read by fwd_h only: free them before o is allocated
+    cfg = plan.config("fwd_o")
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
+    o = torch.empty_like(v)
+    kda_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
+        q, k, v_new, G, Aqk, h, o, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, final_state, ()
 
 
-def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """Chunked backward: 5 kernels (fwd_h recomputes the chunk states and U; then bwd_dh, bwd_dv,
-    bwd_dA, bwd_dqk), plus fwd_intra when ``saved`` is empty.
+def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, plan):
+    """Chunked backward: cumsum, fwd_A, fwd_wu and fwd_h recompute G, M, A_qk, W, U, Ai, the chunk states and
+    v_new; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (for A_qk, then for A_kk) and bwd_dqkg.
 
-    Args: as chunk_fwd, plus saved (chunk_fwd's intra-chunk products, or () to recompute them),
-        do: [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state).
+    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
+        None (gradient of the final state).
 
     Returns:
-        dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
-        dg: [B, T, H, K] in g's dtype (None when g is None)
-        da, db: [B, T, H, K] (q's dtype)
-        dh0: [N, H, K, V] float32, or None when initial_state is None.
+        dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype); dg: [B, T, H, K] in g's dtype (None when g is
+        None); dbeta: [B, T, H] in beta's dtype; dh0: [N, H, K, V] float32, or None when initial_state is None.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
-    qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
-    _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, plan)
     is_varlen = cu_seqlens is not None
+    f32 = dict(device=q.device, dtype=torch.float32)
+    G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
+    Mkk, Aqk = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
+    w, u, Ai, dv_local, _ = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    del Aqk
+    h, v_new, _ = _chunk_h(k, w, u, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    del u
 
     cfg = plan.config("bwd_dh")
-    BV = launch.dot_tile(cfg.block_v, V)
-    dh = torch.empty_like(h)
-    du = torch.empty_like(v)
-    dh0 = torch.empty_like(initial_state) if initial_state is not None else None
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
+    dh = q.new_empty(B, NT, H, K, V)
+    dv_new = torch.empty_like(v)
+    dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
     kda_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
-        g_last,
-        qg,
-        bg,
-        w,
-        Aqb,
-        do,
-        dht,
-        dh,
-        du,
-        dh0,
-        cu_seqlens,
-        chunk_offsets,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=launch.whole_dim_tile(K),
-        BV=BV,
-        USE_G=g is not None,
-        USE_FINAL_STATE_GRADIENT=dht is not None,
-        USE_INITIAL_STATE=initial_state is not None,
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, k, w, G, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, RB=launch.state_row_block(BK),
+        USE_FINAL_STATE_GRADIENT=dht is not None, STORE_INITIAL_STATE_GRADIENT=dh0 is not None, IS_VARLEN=is_varlen,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-
-    cfg = plan.config("bwd_dv")
-    BV = launch.dot_tile(cfg.block_v, V)
-    dv = torch.empty_like(v)
-    kda_bwd_dv_kernel[(launch.cdiv(V, BV), NT, B * H)](
-        kg,
-        M,
-        Aqk,
-        do,
-        du,
-        dh,
-        dv,
-        cu_seqlens,
-        chunk_indices,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=launch.dot_tile(cfg.block_k, K),
-        BV=BV,
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-
-    cfg = plan.config("bwd_dA")
-    dqg, dw, dbg, dkg = (torch.empty_like(q, dtype=torch.float32) for _ in range(4))
-    dgam = q.new_empty(h.shape[0] * h.shape[1], H, K, dtype=torch.float32)
-    dAqk, dAqb, dAak, dAab = (q.new_empty(B, T, H, BT, dtype=torch.float32) for _ in range(4))
-    kda_bwd_dA_kernel[(NT, B * H)](
-        v,
-        u,
-        ag,
-        P,
-        Aak,
-        h,
-        dh,
-        do,
-        du,
-        dqg,
-        dw,
-        dbg,
-        dkg,
-        dgam,
-        dAqk,
-        dAqb,
-        dAak,
-        dAab,
-        cu_seqlens,
-        chunk_indices,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=launch.whole_dim_tile(K),
-        BV=launch.dot_tile(cfg.block_v, V),
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    # the chunk states and their gradients are read by no later kernel: free them before bwd_dqk's
-    # outputs are allocated, so that the peak is not both
-    del h, dh, u, du
+    del w, dv_local
 
     cfg = plan.config("bwd_dqk")
-    BK = launch.dot_tile(cfg.block_k, K)
-    dq, dk, da, db = (torch.empty_like(q) for _ in range(4))
-    dg = torch.empty_like(g) if g is not None else None
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
+    dq_part = torch.empty(B, T, H, K, **f32)
+    dk_part = torch.empty(B, T, H, K, **f32)
+    dw = torch.empty_like(k)
+    dAqk = torch.empty(B, T, H, BT, **f32)
+    dgl = torch.empty(B, NT, H, K, **f32)
     kda_bwd_dqk_kernel[(NT, B * H)](
-        q,
-        k,
-        a,
-        b,
-        g,
-        P,
-        dqg,
-        dw,
-        dbg,
-        dkg,
-        dgam,
-        dAqk,
-        dAqb,
-        dAak,
-        dAab,
-        dq,
-        dk,
-        da,
-        db,
-        dg,
-        cu_seqlens,
-        chunk_indices,
-        scale,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BK=BK,
-        USE_G=g is not None,
-        FACTORED=plan.gate_bound is not None,
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
-        FACTOR_SPAN=launch.factor_span(torch.float32),
-        num_warps=cfg.num_warps,
+        q, k, v_new, G, h, do, dh, dv_new, dq_part, dk_part, dw, dAqk, dgl, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    del h, dh, v_new
+
+    cfg = plan.config("bwd_wy")
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
+    dv = torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dG = torch.empty(B, T, H, K, **f32)
+    dAkk = torch.empty(B, T, H, BT, **f32)
+    kda_bwd_wy_kernel[(NT, B * H)](
+        k, v, G, beta, Ai, Mkk, dw, dv_new, dk_part, dv, dbeta, dG, dAkk, cu_seqlens, chunk_indices, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    del Ai, Mkk, dw, dv_new
+
+    # the intra-chunk gradients of A_qk (rows q, columns k) and of M (rows and columns k), each in 16-token
+    # sub-chunks: bwd_dqk_intra's "dq" is the rows' part, its "dk" the columns'
+    BC = min(16, BT)
+    cfg = plan.config("bwd_dqk_intra")
+    BK = _tile(cfg.block_k, K)
+    dq_intra, dk_qk = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
+    dk_row, dk_col = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
+    for rows, dA, d_rows, d_cols in ((q, dAqk, dq_intra, dk_qk), (k, dAkk, dk_row, dk_col)):
+        kda_bwd_dqk_intra_kernel[(launch.cdiv(K, BK) * launch.cdiv(BT, BC), NT, B * H)](
+            rows, k, G, dA, d_rows, d_cols, cu_seqlens, chunk_indices, T,
+            H=H, K=K, BT=BT, BC=BC, BK=BK, IS_VARLEN=is_varlen, DOT_PRECISION=launch.dot_precision(q.dtype),
+            DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    del dAqk, dAkk
+
+    cfg = plan.config("bwd_dqkg")
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dg = torch.empty_like(g) if g is not None else torch.empty_like(G)
+    kda_bwd_dqkg_kernel[(NT, B * H)](
+        q, k, dq_part, dq_intra, dk_part, dk_qk, dk_row, dk_col, dG, dgl, dq, dk, dg, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return dq, dk, dv, dg, da, db, dh0
+    return dq, dk, dv, dg if g is not None else None, dbeta, dh0
 
 
 # ----------------------------------------------------------------------------- torch op
 
-def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
+def _op_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_kda: pick the plan, build the varlen tables, launch.
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    if gate_lower_bound is not None:
-        if not shapes_only():  # fake tensors (tracing) carry no values
-            check_gates_respect_bound("chunk_kda", gate_lower_bound, "g", g)
-        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
     chunk_indices, chunk_offsets = chunk_tables("chunk_kda", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
     o, final_state, saved = chunk_fwd(
-        q, k, v, g, a, b, scale, initial_state, output_final_state,
+        q, k, v, g, beta, scale, initial_state, output_final_state,
         cu_seqlens, chunk_indices, chunk_offsets, plan,
     )
     return forward_outputs(o, final_state, saved)
 
 
-def _op_backward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
+def _op_backward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_kda_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    if gate_lower_bound is not None:
-        plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
     chunk_indices, chunk_offsets = chunk_tables("chunk_kda", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
     grads = chunk_bwd(
-        q, k, v, g, a, b, tuple(saved), scale, initial_state, do, dht,
+        q, k, v, g, beta, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, plan,
     )
-    return backward_outputs(grads, (q, k, v, g, a, b, initial_state))
+    return backward_outputs(grads, (q, k, v, g, beta, initial_state))
 
 
 # fla_gen::chunk_kda and fla_gen::chunk_kda_backward; fake implementations run the bodies above
 # with no-op kernels, so the shapes under torch.compile are those the launchers allocate.
 _chunk_kda_op = define_op(
     "chunk_kda", "4df6cfb9ea4e92d2", globals(),
-    OpSignature(('q', 'k', 'v', 'g', 'a', 'b'), (False, False, False, False, False, False)),
+    OpSignature(('q', 'k', 'v', 'g', 'beta'), (False, False, False, False, False)),
 )
 
 
@@ -1094,7 +1307,6 @@ def chunk_kda(
     max_num_seqs: object = None,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
-    gate_lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention, KDA (Kimi Team, 2025, "Kimi Linear"): the delta rule on a state decayed per key channel, S_t = (I - β_t k_t k_tᵀ) diag(exp(g_t)) S_{t-1} + β_t k_t v_tᵀ.
 
@@ -1137,10 +1349,6 @@ def chunk_kda(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
-        gate_lower_bound: a number every entry of g is known to be >= (e.g. -0.6065 for
-            RWKV-7's -exp(-0.5) sigmoid(x) decay). A bound >= -5.06 selects the 32-token plan with
-            tensor-core pairwise decays; otherwise the plan that is safe for any gate runs. Checked
-            against the data (one reduction and a device sync).
 
     Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
     and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
@@ -1160,7 +1368,6 @@ def chunk_kda(
     )
     if scale is None:
         scale = call.K ** -0.5
-    validate_gate_lower_bound("chunk_kda", gate_lower_bound)
     validate_flags("chunk_kda", (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel), ("allow_neg_eigval", allow_neg_eigval), ), requires=(("allow_neg_eigval", "use_beta_sigmoid_in_kernel"), ))
     validate_options("chunk_kda", (
         ("use_gate_in_kernel", use_gate_in_kernel, False),
@@ -1178,9 +1385,12 @@ def chunk_kda(
         ("use_graph", use_graph, False),
         ("max_num_seqs", max_num_seqs, None),
     ))
-    _q, _k, _a, _b = kda_transforms(q, k, g, beta, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval))
+    if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
+        _q, _k, _beta = kda_transforms(q, k, beta, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval))
+    else:
+        _q, _k, _beta = q.contiguous(), k.contiguous(), beta.contiguous()
     o, final_state, *_ = call_op(
-        _chunk_kda_op, _op_forward, _q, _k, v.contiguous(), g.contiguous(), _a, _b,
-        float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, gate_lower_bound,
+        _chunk_kda_op, _op_forward, _q, _k, v.contiguous(), g.contiguous(), _beta,
+        float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
     return o, final_state if output_final_state else None

@@ -7,9 +7,6 @@ inputs (fla_gen/lower.py), fused into one Triton kernel per direction:
     transform k = l2norm(k) if use_qk_l2norm_in_kernel
     transform beta = sigmoid(beta) if use_beta_sigmoid_in_kernel
     transform beta = 2 * beta if allow_neg_eigval
-    k = (beta * k)
-    a = -(exp(g) * k)
-    b = (beta * k)
 
 Both the chunk and the fused_recurrent op run it before the recurrence; the kernels' header
 (templates/kernels/_transforms.jinja) says what is fused where and which memory passes remain.
@@ -22,9 +19,9 @@ import triton.language as tl
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 
-_SOURCES = ['q', 'k', 'g', 'beta']
+_SOURCES = ['q', 'k', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
-_OUTPUTS = ['q:K', 'k:K', 'a:K', 'b:K']
+_OUTPUTS = ['q:K', 'k:K', 'beta:']
 _FP32_OUTPUTS = []
 
 
@@ -50,7 +47,7 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
 
 @triton.jit
 def kda_transform_fwd_kernel(
-    x_q, x_k, x_g, x_beta, y_q, y_k, y_a, y_b,
+    x_q, x_k, x_beta, y_q, y_k, y_beta,
     pos, n_rows, H, K, V,
     BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
 ):
@@ -63,47 +60,40 @@ def kda_transform_fwd_kernel(
     m_K = o_K < K
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_g + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t3 = tl.load(x_beta + row).to(tl.float32)
+    t2 = tl.load(x_beta + row).to(tl.float32)
     if flag_use_qk_l2norm_in_kernel:
-        t4 = tl.where(m_K, t0, 0.0)
-        t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
-        t6 = t4 * t5
-        t7 = t6
+        t3 = tl.where(m_K, t0, 0.0)
+        t4 = 1.0 / tl.sqrt(tl.sum(t3 * t3, axis=1, keep_dims=True) + 1e-06)
+        t5 = t3 * t4
+        t6 = t5
     else:
-        t7 = t0
+        t6 = t0
     if flag_use_qk_l2norm_in_kernel:
-        t8 = tl.where(m_K, t1, 0.0)
-        t9 = 1.0 / tl.sqrt(tl.sum(t8 * t8, axis=1, keep_dims=True) + 1e-06)
-        t10 = t8 * t9
-        t11 = t10
+        t7 = tl.where(m_K, t1, 0.0)
+        t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=1, keep_dims=True) + 1e-06)
+        t9 = t7 * t8
+        t10 = t9
     else:
-        t11 = t1
+        t10 = t1
     if flag_use_beta_sigmoid_in_kernel:
-        t12 = tl.sigmoid(t3)
-        t13 = t12
+        t11 = tl.sigmoid(t2)
+        t12 = t11
     else:
-        t13 = t3
+        t12 = t2
     if flag_allow_neg_eigval:
-        t14 = 2.0 * t13
-        t15 = t14
+        t13 = 2.0 * t12
+        t14 = t13
     else:
-        t15 = t13
-    t16 = t15 * t11
-    t17 = tl.exp(t2)
-    t18 = t17 * t11
-    t19 = -t18
-    t20 = t15 * t11
+        t14 = t12
 
-    tl.store(y_q + row * K + o_K, t7.to(y_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_k + row * K + o_K, t16.to(y_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_a + row * K + o_K, t19.to(y_a.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_b + row * K + o_K, t20.to(y_b.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_q + row * K + o_K, t6.to(y_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_k + row * K + o_K, t10.to(y_k.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_beta + row, t14.to(y_beta.dtype.element_ty), mask=m_r)
 
 
 @triton.jit
 def kda_transform_bwd_kernel(
-    x_q, x_k, x_g, x_beta, dy_q, dy_k, dy_a, dy_b, dx_q, dx_k, dx_g, dx_beta,
+    x_q, x_k, x_beta, dy_q, dy_k, dy_beta, dx_q, dx_k, dx_beta,
     pos, n_rows, H, K, V,
     BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
 ):
@@ -116,78 +106,62 @@ def kda_transform_bwd_kernel(
     m_K = o_K < K
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_g + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t3 = tl.load(x_beta + row).to(tl.float32)
+    t2 = tl.load(x_beta + row).to(tl.float32)
     if flag_use_qk_l2norm_in_kernel:
-        t4 = tl.where(m_K, t0, 0.0)
-        t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
-        t6 = t4 * t5
-        t7 = t6
+        t3 = tl.where(m_K, t0, 0.0)
+        t4 = 1.0 / tl.sqrt(tl.sum(t3 * t3, axis=1, keep_dims=True) + 1e-06)
+        t5 = t3 * t4
+        t6 = t5
     else:
-        t7 = t0
+        t6 = t0
     if flag_use_qk_l2norm_in_kernel:
-        t8 = tl.where(m_K, t1, 0.0)
-        t9 = 1.0 / tl.sqrt(tl.sum(t8 * t8, axis=1, keep_dims=True) + 1e-06)
-        t10 = t8 * t9
-        t11 = t10
+        t7 = tl.where(m_K, t1, 0.0)
+        t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=1, keep_dims=True) + 1e-06)
+        t9 = t7 * t8
+        t10 = t9
     else:
-        t11 = t1
+        t10 = t1
     if flag_use_beta_sigmoid_in_kernel:
-        t12 = tl.sigmoid(t3)
-        t13 = t12
+        t11 = tl.sigmoid(t2)
+        t12 = t11
     else:
-        t13 = t3
+        t12 = t2
     if flag_allow_neg_eigval:
-        t14 = 2.0 * t13
-        t15 = t14
+        t13 = 2.0 * t12
+        t14 = t13
     else:
-        t15 = t13
-    t16 = t15 * t11
-    t17 = tl.exp(t2)
-    t18 = t17 * t11
-    t19 = -t18
-    t20 = t15 * t11
+        t14 = t12
 
     dy0 = tl.load(dy_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     dy1 = tl.load(dy_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    dy2 = tl.load(dy_a + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    dy3 = tl.load(dy_b + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    d0 = tl.sum(dy3 * t11, axis=1, keep_dims=True)
-    d1 = dy3 * t15
-    d2 = -dy2
-    d3 = d2 * t11
-    d4 = d1 + d2 * t17
-    d5 = d3 * t17
-    d6 = d0 + tl.sum(dy1 * t11, axis=1, keep_dims=True)
-    d7 = d4 + dy1 * t15
+    dy2 = tl.load(dy_beta + row).to(tl.float32)
     if flag_allow_neg_eigval:
-        d8 = d6
-        d9 = d8 * 2.0
-        d10 = d9
+        d0 = dy2
+        d1 = d0 * 2.0
+        d2 = d1
     else:
-        d10 = d6
+        d2 = dy2
     if flag_use_beta_sigmoid_in_kernel:
+        d3 = d2
+        d4 = d3 * t11 * (1.0 - t11)
+        d5 = d4
+    else:
+        d5 = d2
+    if flag_use_qk_l2norm_in_kernel:
+        d6 = dy1
+        d7 = tl.where(m_K, t8 * (d6 - t9 * tl.sum(d6 * t9, axis=1, keep_dims=True)), 0.0)
+        d8 = d7
+    else:
+        d8 = dy1
+    if flag_use_qk_l2norm_in_kernel:
+        d9 = dy0
+        d10 = tl.where(m_K, t4 * (d9 - t5 * tl.sum(d9 * t5, axis=1, keep_dims=True)), 0.0)
         d11 = d10
-        d12 = d11 * t12 * (1.0 - t12)
-        d13 = d12
     else:
-        d13 = d10
-    if flag_use_qk_l2norm_in_kernel:
-        d14 = d7
-        d15 = tl.where(m_K, t9 * (d14 - t10 * tl.sum(d14 * t10, axis=1, keep_dims=True)), 0.0)
-        d16 = d15
-    else:
-        d16 = d7
-    if flag_use_qk_l2norm_in_kernel:
-        d17 = dy0
-        d18 = tl.where(m_K, t5 * (d17 - t6 * tl.sum(d17 * t6, axis=1, keep_dims=True)), 0.0)
-        d19 = d18
-    else:
-        d19 = dy0
-    tl.store(dx_q + row * K + o_K, (d19).to(dx_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_k + row * K + o_K, (d16).to(dx_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_g + row * K + o_K, (d5).to(dx_g.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_beta + row, (d13).to(dx_beta.dtype.element_ty), mask=m_r)
+        d11 = dy0
+    tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(dx_k + row * K + o_K, (d8).to(dx_k.dtype.element_ty), mask=m_r & m_K)
+    tl.store(dx_beta + row, (d5).to(dx_beta.dtype.element_ty), mask=m_r)
 
 
 def _geometry(sources, head_dims, direction):
@@ -251,8 +225,8 @@ def kda_transform_args(call, seqlen_offsets, cu_seqlens, device):
     return torch.zeros(1, dtype=torch.int32, device=device), ()
 
 
-def kda_transforms(q, k, g, beta, *, call, seqlen_offsets=0, cu_seqlens=None, flags):
-    """Run the pass; returns the kernel arguments (q, k, a, b).
+def kda_transforms(q, k, beta, *, call, seqlen_offsets=0, cu_seqlens=None, flags):
+    """Run the pass; returns the kernel arguments (q, k, beta).
 
     Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
     ``call`` is the op's validated CallShape.
@@ -264,5 +238,5 @@ def kda_transforms(q, k, g, beta, *, call, seqlen_offsets=0, cu_seqlens=None, fl
     """
     positions, rope_dims = kda_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
     return KdaTransforms.apply(
-        positions, rope_dims, (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0]), "flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_allow_neg_eigval": bool(flags[2]), }, q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous(),
+        positions, rope_dims, (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0]), "flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_allow_neg_eigval": bool(flags[2]), }, q.contiguous(), k.contiguous(), beta.contiguous(),
     )

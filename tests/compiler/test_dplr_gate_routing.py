@@ -38,7 +38,7 @@ def _write(tmp_path, op: str, gates: str, decay: str):
 def test_scalar_and_head_gates_plan_onto_the_dplr_kernels(tmp_path, gates, decay):
     path = _write(tmp_path, "dplr_gates", gates, decay)
     chunk, recurrent = select_algorithms(load_recurrence(path))
-    assert (chunk.name, recurrent.name) == ("chunk_dplr", "fused_recurrent_dplr")
+    assert (chunk.name, recurrent.name) == ("chunk_dplr", "fused_recurrent")
     _, files = compile_spec(path)
     source = next(f.text for f in files if f.path.endswith("/chunk.py"))
     # one gate per token: [BT] rows and [BT, BT] pair decays, no factored / entry-wise choice

@@ -102,7 +102,9 @@ def test_grouped_layouts_and_the_host_fallback_are_emitted():
     for arg, layout in (("q", "BTHK"), ("k", "BTHK"), ("v", "BTGV"), ("g", "BTG"), ("beta", "BTG")):
         assert f'TensorArg("{arg}", "{layout}"' in chunk
         assert f"({arg!r}, {layout!r}," in files["t/__init__.py"]
-    assert "if call.HV != call.H:" in chunk and "if call.HV != call.H:" in files["t/fused_recurrent.py"]
+    # the chunk kernels get q, k repeated on the host; the fused recurrent kernels read head hv // (HV / H)
+    assert "if call.HV != call.H:" in chunk and "if call.HV != call.H:" not in files["t/fused_recurrent.py"]
+    assert "row_k = (bos + t) * H + i_hk" in files["t/fused_recurrent.py"]
     assert "q = q.repeat_interleave(groups, dim=2)" in chunk
     assert "v = v.repeat_interleave" not in chunk
     assert "v: [B, T, HV, V] values" in chunk
