@@ -30,11 +30,8 @@ from fla_gen.fla_compat import as_fla_module
 from fla_gen.sample import relative_error
 from tests.support import REPO_ROOT, import_with_fla
 
-# (H, HV): q/k heads and value heads. Qwen3-Next runs HV = 2 H (grouped value heads); that case needs the
-# DSL's grouped heads in specs/gated_delta_rule.fla. Set GROUPED_VALUE_HEADS = True once the spec declares
-# v, g, beta and the state with HV heads.
-GROUPED_VALUE_HEADS = True
-HEADS = [(2, 2)] + ([(2, 4)] if GROUPED_VALUE_HEADS else [])
+# (H, HV): q/k heads and value heads; Qwen3-Next runs HV = 2 H (grouped value heads, specs/gated_delta_rule.fla).
+HEADS = [(2, 2), (2, 4)]
 HIDDEN, HEAD_DIM = 64, 16
 TOLERANCE = 1e-4  # relative norm error, fp32 against fp32
 
