@@ -7,7 +7,9 @@ on a GPU: correctness against fla-core and the derived reference, speed against 
 
 Correctness (bf16 inputs): ours and fla against the derived reference run in float64 on the same inputs,
 by ‖out − ref‖ / ‖ref‖, for o, the final state and (ours; fla's where its backward runs) every input gradient;
-dense (B=1, T) and a packed batch through cu_seqlens (8 sequences, lengths drawn from 256 to 1024, seed 0).
+forwards dense (B=1, T) and packed through cu_seqlens (8 sequences, lengths drawn from 256 to 1024, seed 0);
+gradients at B=1, T=512 and packed (4 sequences of 64 to 256): the reference's autograd graph holds a
+float64 state per token.
 Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla alternating over
 ``--rounds`` rounds after both were warmed (compile, fla's autotune); the ratio reported is the worst round's
 fla / ours. The decode step (fused_recurrent, T=1, B=64, l2norm in the call) is reported against the bytes it
@@ -59,26 +61,34 @@ def ours_and_fla(kind: str):
         fla_gdn.chunk_gated_delta_rule, fla_gdn.fused_recurrent_gated_delta_rule
 
 
-def correctness(kind: str, x: dict, cu, N: int) -> dict:
-    """Relative errors of ours and fla against the float64 reference (l2norm of q and k in the call)."""
+def correctness(kind: str, x: dict, cu, N: int, gradients: bool) -> dict:
+    """Relative errors of ours and fla against the float64 reference (l2norm of q and k in the call); with
+    ``gradients`` also every input gradient (the reference's autograd graph holds a state per token: keep T
+    moderate there)."""
     ours, _, reference, fla_fn, _ = ours_and_fla(kind)
     HV, D = x["v"].shape[2], x["v"].shape[3]
     h0 = 0.1 * torch.randn(N, HV, D, D, device="cuda")
     kw = {"use_qk_l2norm_in_kernel": True, "output_final_state": True, "cu_seqlens": cu}
     out = {}
-    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in {**x, "initial_state": h0}.items()}
-    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
-    o_ref, s_ref = reference(**ref_leaves, **kw)
+    leaves = {n: t.detach().clone().requires_grad_(gradients) for n, t in {**x, "initial_state": h0}.items()}
+    ref_leaves = {n: t.detach().double().requires_grad_(gradients) for n, t in leaves.items()}
+    with torch.set_grad_enabled(gradients):
+        o_ref, s_ref = reference(**ref_leaves, **kw)
     do = torch.randn_like(o_ref)
-    (o_ref * do).sum().backward()
+    if gradients:
+        (o_ref * do).sum().backward()
     for name, fn in (("ours", ours), ("fla", fla_fn)):
         for t in leaves.values():
             t.grad = None
         try:
-            o, s = fn(**leaves, **kw)
+            with torch.set_grad_enabled(gradients):
+                o, s = fn(**leaves, **kw)
             errs = {"o": rel(o, o_ref), "final_state": rel(s, s_ref)}
         except Exception as e:  # fla refuses some calls (its gated backward on Hopper): say so
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
+        if not gradients:
+            out[name] = errs
             continue
         try:
             (o.float() * do.float()).sum().backward()
@@ -176,13 +186,18 @@ def main() -> int:
     rng = random.Random(0)
     lengths = [rng.randint(256, 1024) for _ in range(8)]
     cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
+    short = [rng.randint(64, 256) for _ in range(4)]
+    cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
     models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128)}  # (kind, H, HV, D): Qwen3-Next, Kimi
     for key in a.only.split(","):
         kind, H, HV, D = models[key]
-        dense = make(kind, 1, a.T, H, HV, D, seed=0)
-        packed = make(kind, 1, int(cu[-1]), H, HV, D, seed=2)
-        report[f"{key}_correct_dense_T{a.T}"] = correctness(kind, dense, None, 1)
-        report[f"{key}_correct_varlen"] = correctness(kind, packed, cu, len(lengths))
+        report[f"{key}_forward_dense_T{a.T}"] = correctness(kind, make(kind, 1, a.T, H, HV, D, seed=0), None, 1, False)
+        report[f"{key}_forward_varlen_{len(lengths)}"] = correctness(kind, make(kind, 1, int(cu[-1]), H, HV, D, seed=2),
+                                                                   cu, len(lengths), False)
+        report[f"{key}_gradients_dense_T512"] = correctness(kind, make(kind, 1, 512, H, HV, D, seed=4), None, 1, True)
+        report[f"{key}_gradients_varlen_{len(short)}"] = correctness(kind, make(kind, 1, int(cu_short[-1]), H, HV, D,
+                                                                                seed=5), cu_short, len(short), True)
+        torch.cuda.empty_cache()
         print(json.dumps({k: v for k, v in report.items() if k.startswith(key)}), flush=True)
         for B, T in ((1, a.T), (4, a.T)):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(kind, make(kind, B, T, H, HV, D, seed=3), a.rounds,
