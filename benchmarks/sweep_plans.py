@@ -2,8 +2,8 @@
 """Try launch-config variants of each kernel of a generated chunk op on one GPU; record which wins and why.
 
     python benchmarks/sweep_plans.py --ops gla,delta_rule --shapes 4x4096x16x128 --budget-s 520 \
-        --out $OUT/sweep.json --table $OUT/sweep_table.txt [--stages fwd_o,bwd_dv] [--max-variants 10]
-    python benchmarks/sweep_plans.py --propose sweep.json   # fla_gen/tuned.py entries for the wins
+        --out sweep.json --table sweep_table.txt [--stages fwd_o,bwd_dv] [--max-variants 10]
+    python benchmarks/sweep_plans.py --propose sweep.json   # fla_gen/measurements.py entries for the wins
     python benchmarks/sweep_plans.py --render sweep.json    # re-print a saved sweep's table
     python benchmarks/sweep_plans.py --fake                 # CPU: the real ops in Triton's interpreter
 
@@ -65,7 +65,7 @@ import _ops  # noqa: E402
 FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
 TILES = (32, 64, 128)
 WARPS = (4, 8)
-# 4 stages: session 11 found them fastest for the scalar- and channel-gate state walks (fla_gen/tuned.py)
+# 4 stages: measured fastest for the scalar- and channel-gate state walks at head dim 256 (fla_gen/measurements.py)
 STAGES = (1, 2, 3, 4)
 # Test hooks, comma-separated: "stage:variant" makes the worker die (os._exit) there, "cuda:stage:variant"
 # raise a CUDA error there (exercises the restart paths).
@@ -433,13 +433,11 @@ def run(args) -> dict:
     deadline = time.time() + args.budget_s
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flagen_sweep_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from bench_ops import _versions
-
     report: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed, "device": device, "dtype": dtype,
         "fake": args.fake, "quick": args.quick, "tol": args.tol, "budget_s": args.budget_s,
-        "workdir": str(workdir), "versions": _versions(), "workers": {}, "rows": [], "notes": [],
+        "workdir": str(workdir), "versions": _ops.versions(), "workers": {}, "rows": [], "notes": [],
     }
     state = {"proc": None}
 
@@ -569,8 +567,6 @@ def _pending(lines: list[dict]) -> tuple[str, str] | None:
 
 
 def render_table(report: dict) -> str:
-    from bench_ops import _fmt, _grid
-
     v = report.get("versions", {})
     lines = [f"sweep_plans  device={v.get('gpu', report.get('device'))} arch={report.get('arch')}  "
              f"torch={v.get('torch')} triton={v.get('triton')}  dtype={report.get('dtype')}  "
@@ -585,15 +581,15 @@ def render_table(report: dict) -> str:
         best = next((x for x in r["variants"] if x["variant"] == r.get("best")), None)
         op_pair = "-"
         if best and d.get("op_ms") and best.get("op_ms"):
-            op_pair = f"{_fmt(d['op_ms'])}/{_fmt(best['op_ms'])}"
+            op_pair = f"{_ops.fmt(d['op_ms'])}/{_ops.fmt(best['op_ms'])}"
         counts = ",".join(f"{k}:{n}" for k, n in sorted(r.get("counts", {}).items())) or "-"
         if r.get("untried"):
             counts += f",untried:{r['untried']}"
         body.append([r["op"], r["shape"], r["stage"], r.get("mode", "-"),
                      vkey(d["cfg"]) if d.get("cfg") else r.get("error", "-"),
-                     _fmt(d.get(metric)), r.get("best") or "-", _fmt(best.get(metric)) if best else "-",
-                     _fmt(r.get("speedup"), 2), op_pair, counts])
-    lines += _grid(hdr, body)
+                     _ops.fmt(d.get(metric)), r.get("best") or "-", _ops.fmt(best.get(metric)) if best else "-",
+                     _ops.fmt(r.get("speedup"), 2), op_pair, counts])
+    lines += _ops.grid(hdr, body)
     lines.append("ms: kernel alone (torch.profiler, per call) where measured, else the whole call (do_bench "
                  "median); speedup = default / best (> 1: a variant beats the plan); op ms d/b: the whole "
                  "fwd or fwd+bwd call, default / best")
@@ -701,7 +697,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", default=None, help="scratch dir (worker logs, JSON lines, Triton cache)")
     p.add_argument("--fake", action="store_true", help="CPU: the real ops in Triton's interpreter, tiny shapes")
     p.add_argument("--render", default=None, metavar="JSON", help="only print the table of a saved sweep")
-    p.add_argument("--propose", default=None, metavar="JSON", help="print fla_gen/tuned.py entries for the wins")
+    p.add_argument("--propose", default=None, metavar="JSON", help="print fla_gen/measurements.py entries for the wins")
     p.add_argument("--min-speedup", type=float, default=1.03, help="with --propose: smallest speedup to propose")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
