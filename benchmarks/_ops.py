@@ -74,7 +74,7 @@ SHAPE_PRESETS = {
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int, int]]:
-    """'4x4096x16x128,issue7,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
+    """'4x4096x16x128,standard,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
     duplicates dropped, order kept."""
     out: list[tuple[int, int, int, int, int]] = []
     for item in (x.strip() for x in text.split(",")):

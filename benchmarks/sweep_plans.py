@@ -614,9 +614,9 @@ def render_table(report: dict) -> str:
 
 
 def propose(report: dict, min_speedup: float, source: str) -> str:
-    """fla_gen/tuned.py TunedPlan entries (Python source) for every kernel whose best variant beats
-    the default by ``min_speedup``, grouped by the entry key; rows of one key that disagree are
-    emitted commented out, for a person to decide."""
+    """Lines for fla_gen/tuned.py (Python source) for every kernel whose best variant beats the default by
+    ``min_speedup``, grouped by the entry key, and the fla_gen/measurements.py Source of each new id; rows of
+    one key that disagree are emitted commented out, for a person to decide."""
     from fla_gen.canonical import canonicalize
     from fla_gen.check import check_spec
     from fla_gen.parse import read_spec
@@ -626,7 +626,6 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
     arch = report.get("arch")
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[report["dtype"]]
     gpu = report.get("versions", {}).get("gpu") or report.get("device")
-    date = report.get("date", "")[:10]
     algo_of: dict[str, str] = {}
     groups: dict[tuple, list[dict]] = {}
     for r in report.get("rows", []):
@@ -637,22 +636,29 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
             rec = canonicalize(check_spec(read_spec(ROOT / "specs" / f"{pkg}.fla")))
             algo_of[pkg] = select_algorithms(rec)[0].name
         _, _, _, K, V = _ops.parse_shape(r["shape"])
-        key = (arch, algo_of[pkg], r["stage"], dtype, head_dim_bucket(max(K, V)))
+        key = (algo_of[pkg], r["stage"], dtype, head_dim_bucket(max(K, V)))
         groups.setdefault(key, []).append(r)
-    out = [f"# proposed from {source} (min speedup {min_speedup}); paste into fla_gen/tuned.py TUNED"]
+    out = [f"# proposed from {source} (min speedup {min_speedup}); fla_gen/tuned.py, under TUNED[{arch!r}]:"]
+    sources: dict[str, list[str]] = {}
     for key, rows in groups.items():
         cfgs = {r["best"] for r in rows}
         best = rows[0]["best_cfg"]
-        why = "; ".join(_measurement(r) for r in rows)
-        reason = f"measured on {gpu} {date}: {why} (benchmarks/sweep_plans.py, {Path(source).name})"
-        entry = (f"TunedPlan({key[0]!r}, {key[1]!r}, {key[2]!r}, {key[3]!r}, {key[4]}, {best['block_k']}, "
-                 f"{best['block_v']}, {best['num_warps']}, {best['num_stages']},\n          {reason!r}),")
+        sid = f"{arch}-{key[0].removeprefix('chunk_')}-{key[1]}".replace("_", "-").lower()
+        entry = (f"        {key!r}: Tuned({best['block_k']}, {best['block_v']}, {best['num_warps']}, "
+                 f"{best['num_stages']}, {sid!r}),")
         if len(cfgs) > 1:
             out.append(f"# rows of {key} disagree on the best variant ({sorted(cfgs)}): decide by hand")
-            entry = "\n".join("# " + li for li in entry.splitlines())
+            entry = "# " + entry
+        else:
+            sources.setdefault(sid, []).extend(_measurement(r) for r in rows)
         out.append(entry)
     if not groups:
         out.append(f"# no kernel beat its default by {min_speedup}x")
+    if sources:
+        out.append("# fla_gen/measurements.py, in SOURCES:")
+        for sid, whys in sources.items():
+            text = f"{gpu}: {'; '.join(whys)} (benchmarks/sweep_plans.py, {Path(source).name})"
+            out.append(f"    {sid!r}: Source({text!r}, ({arch!r},)),")
     return "\n".join(out)
 
 

@@ -20,8 +20,8 @@ from fla_gen.plan import ARCHS, SMALL_GRID_SPLIT, plan_chunk_size, select_algori
 from fla_gen.tuned import TUNED
 from tests.support import REPO_ROOT, SPECS, recurrence
 
-# (algorithm, stage) of the measured sm90 plans with fewer than 4 warps (fla_gen/tuned.py says why)
-NARROW_TUNED_SM90 = {(e.algorithm, e.stage) for e in TUNED if e.arch == "sm90" and e.num_warps < 4}
+# (algorithm, stage) of the measured sm90 plans with fewer than 4 warps (fla_gen/measurements.py says why)
+NARROW_TUNED_SM90 = {(algorithm, stage) for (algorithm, stage, _, _), e in TUNED["sm90"].items() if e.num_warps < 4}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_sm90_matrix_kernels_use_wgmma(aot_reports):
             if r["op"] == op and r["cap"] == 90 and stage in matrix_stages:
                 if stage in split_stages and "BK=32" in r["launch"]:
                     # a small grid's split state walk (launch.state_walk_tiles): M = 32 rules wgmma out; measured
-                    # faster than the plan's wgmma tiles there (benchmarks/RESULTS.md, session 6)
+                    # faster than the plan's wgmma tiles there (fla_gen/measurements.py, h100-split-walk)
                     assert not r["problems"], r
                 elif r["num_warps"] < 4:
                     # fewer warps than one warp group rules wgmma out: only a measured plan may ask for that

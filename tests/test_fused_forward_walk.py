@@ -13,21 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fla_gen.plan import (
-    FUSED_WALK_ARCHS,
-    FUSED_WALK_SHARE,
-    FUSED_WALK_TILES,
-    plan_algorithm,
-    plan_table,
-    select_algorithms,
-)
+from fla_gen.plan import plan_algorithm, plan_table, select_algorithms
 from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.sample import sample_inputs
+from fla_gen.tuned import FUSED_WALK
 from fla_gen.verify import compare_with_reference
 from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
 
-UNGATED, GATED = FUSED_WALK_SHARE[("chunk_scalar_gate", False)][0], FUSED_WALK_SHARE[("chunk_scalar_gate", True)][0]
+UNGATED, GATED = (FUSED_WALK["sm90"][("chunk_scalar_gate", gated, 128)].min_sm_share for gated in (False, True))
 
 
 @pytest.mark.parametrize(("block_v", "V", "walks", "sms", "share", "expected"), [
@@ -55,22 +49,22 @@ def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
 
 @pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_planned_fused_walk_never_takes_one_stage(op):
-    """One stage with a gate is miscompiled on the H100 under Triton 3.6 (plan.py FUSED_WALK_TILES): every
-    fwd_fused planned for a measured target has 2 or more stages and the share measured for its algorithm and
-    gate; it is never taken on the other targets, where FUSED_WALK_TILES says so, or where nothing fits (fp32)."""
+    """One stage with a gate is miscompiled on the H100 under Triton 3.6 (fla_gen/tuned.py FUSED_WALK): every
+    fwd_fused planned for a measured target has 2 or more stages and the share measured for its algorithm, gate
+    and head dim; it is never taken on the other targets, where FUSED_WALK says so, or where nothing fits (fp32)."""
     rec = recurrence(op)
     chunk, _ = select_algorithms(rec)
     gated = rec.decay_kind != "none"
-    share = FUSED_WALK_SHARE[(chunk.name, gated)][0]
     plans = plan_table(rec, chunk)
     assert plans
     for p in plans:
         cfg = p.config("fwd_fused")
-        measured = FUSED_WALK_TILES[(chunk.name, gated, p.head_dim)] is not None
-        if p.arch in FUSED_WALK_ARCHS and measured and p.dtype != "fp32":
-            assert cfg.num_stages >= 2 and cfg.min_sm_share == share, (p.arch, p.dtype, p.head_dim, cfg)
+        walk = FUSED_WALK.get(p.arch, {}).get((chunk.name, gated, p.head_dim))
+        measured = walk is not None and walk.min_sm_share is not None
+        if measured and p.dtype != "fp32":
+            assert cfg.num_stages >= 2 and cfg.min_sm_share == walk.min_sm_share, (p.arch, p.dtype, p.head_dim, cfg)
         elif cfg.min_sm_share is not None:
-            assert p.arch in FUSED_WALK_ARCHS and measured and cfg.num_stages >= 2, (p.arch, p.dtype, cfg)
+            assert measured and cfg.num_stages >= 2, (p.arch, p.dtype, cfg)
     assert any(p.config("fwd_fused").min_sm_share for p in plans)
 
 
@@ -86,7 +80,7 @@ def test_fused_walk_keeps_every_plan_row(op):
 
 
 def test_planned_fused_walk_tiles_on_the_h100():
-    """The measured sm90 bf16 configs (plan.py FUSED_WALK_TILES) come out of the planner unchanged."""
+    """The measured sm90 bf16 configs (fla_gen/tuned.py FUSED_WALK) come out of the planner unchanged."""
     for op, expected in (("linear_attn", (64, 4, 3)), ("simple_gla", (32, 4, 3)), ("delta_rule", (64, 4, 3)),
                          ("gated_delta_rule", (32, 4, 2))):
         rec = recurrence(op)
@@ -134,7 +128,7 @@ def run_forward(package: str, op: str, sms: int, overrides: dict | None = None) 
 
 
 def test_sm80_plans_keep_the_split_forward(launched):
-    """On a target outside FUSED_WALK_ARCHS (the interpreter's default, sm80) fwd_fused never runs."""
+    """On a target without a FUSED_WALK table (the interpreter's default, sm80) fwd_fused never runs."""
     launched.watch("simple_gla")
     pkg, rec = generated("simple_gla"), recurrence("simple_gla")
     pkg.chunk_simple_gla(*sample_inputs(rec, 2, 70, 2, 32, 32, torch.float32, seed=12).values())

@@ -82,13 +82,12 @@ def test_override_from_the_environment(monkeypatch):
     assert (fwd_o.launches[1]["BV"], fwd_o.launches[1]["num_warps"]) == (32, 8)
 
 
-def test_override_marks_the_reason():
+def test_override_pins_only_its_kernel():
     plan = next(iter(generated(OP).plans.CHUNK_PLANS.values()))
     with overridden_plans({"fwd_h": {"num_stages": 1}}):
         changed = dispatch.apply_plan_override(plan)
-    assert changed.config("fwd_h").num_stages == 1
-    assert changed.config("fwd_h").reason.startswith("override {'num_stages': 1}")
-    assert changed.config("fwd_o") == plan.config("fwd_o")
+    assert changed.config("fwd_h").num_stages == 1 and changed.config("fwd_h").pinned
+    assert changed.config("fwd_o") == plan.config("fwd_o") and not changed.config("fwd_o").pinned
 
 
 @pytest.mark.parametrize("override, match", [

@@ -1,5 +1,5 @@
 """Bad input never reaches a kernel: every malformed call is a TypeError/ValueError that names
-the argument, raised on the host before any launch (DESIGN.md §7)."""
+the argument, raised on the host before any launch (docs/design.md, "Input validation")."""
 
 import math
 

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from fla_gen.tuned import TunedPlan
+from fla_gen.measurements import Source
+from fla_gen.tuned import Tuned
 from tests.support import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
@@ -62,8 +63,8 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
 
 
 def _report(rows):
-    return {"arch": "sm90", "dtype": "bfloat16", "date": "2026-11-24 10:00:00 UTC",
-            "versions": {"gpu": "NVIDIA H100 80GB HBM3"}, "workers": {}, "rows": rows}
+    return {"arch": "sm90", "dtype": "bfloat16", "versions": {"gpu": "NVIDIA H100 80GB HBM3"}, "workers": {},
+            "rows": rows}
 
 
 def _row(op, stage, best_cfg, default_ms, best_ms):
@@ -80,12 +81,14 @@ def test_proposals_are_tuned_entries():
     report = _report([_row("gla", "fwd_o", win, 0.5, 0.4), _row("gla", "bwd_dv", win, 0.5, 0.49),
                       _row("linear_attn", "fwd_o", win, 0.3, 0.2), _row("simple_gla", "fwd_o", DEFAULT | {
                           "num_stages": 3}, 0.3, 0.2)])
-    text = sweep_plans.propose(report, 1.03, "results/sweep.json")
-    live = [li for li in text.splitlines() if li.startswith(("TunedPlan(", "          '"))]
-    entries = eval("(" + "\n".join(live) + ")", {"TunedPlan": TunedPlan})  # noqa: S307 - our own output
-    (entry,) = entries  # bwd_dv (2%) is under the threshold; the scalar-gate pair disagrees
-    assert entry.key == ("sm90", "chunk_channel_gate", "fwd_o", "bf16", 128)
-    assert (entry.block_k, entry.block_v, entry.num_warps, entry.num_stages) == (64, 64, 8, 2)
-    assert "measured on NVIDIA H100 80GB HBM3 2026-11-24" in entry.reason
-    assert "fwd_o kernel 0.5 -> 0.4 ms, fwd 1.5 -> 1.4 ms" in entry.reason
-    assert "disagree" in text and "# TunedPlan('sm90', 'chunk_scalar_gate', 'fwd_o'" in text
+    text = sweep_plans.propose(report, 1.03, "sweep.json")
+    live = [li.strip() for li in text.splitlines() if li.startswith("        (")]
+    entries = eval("{" + "\n".join(live) + "}", {"Tuned": Tuned})  # noqa: S307 - our own output
+    # bwd_dv (2%) is under the threshold; the scalar-gate pair disagrees and is commented out
+    assert entries == {("chunk_channel_gate", "fwd_o", "bf16", 128): Tuned(64, 64, 8, 2, "sm90-channel-gate-fwd-o")}
+    sources = eval("{" + "\n".join(li for li in text.splitlines() if li.startswith("    '")) + "}",  # noqa: S307
+                   {"Source": Source})
+    assert list(sources) == ["sm90-channel-gate-fwd-o"]
+    assert sources["sm90-channel-gate-fwd-o"].archs == ("sm90",)
+    assert "gla 4x4096x16x128: fwd_o kernel 0.5 -> 0.4 ms, fwd 1.5 -> 1.4 ms" in sources["sm90-channel-gate-fwd-o"].text
+    assert "disagree" in text and "#         ('chunk_scalar_gate', 'fwd_o', 'bf16', 128)" in text
