@@ -70,3 +70,18 @@ def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: 
     return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                   {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                   name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
+def spy_on_launch(monkeypatch, name: str) -> list:
+    """What every call of fla_gen.runtime.launch.<name> returns while the test runs, in order."""
+    from fla_gen.runtime import launch
+
+    picked = []
+    real = getattr(launch, name)
+
+    def spy(*args):
+        picked.append(real(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(launch, name, spy)
+    return picked

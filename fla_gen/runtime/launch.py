@@ -182,7 +182,7 @@ def factor_span(dtype: torch.dtype) -> float:
 #   0.157 at 8 rows and 0.156 at 16 rows on 8 warps;
 # - backward: 1024 (8 rows of 128 on 4 warps), 8 per thread: 0.214 ms. 16 rows on 4 warps measured 0.167,
 #   but spilled 20 B on sm89 and sm90 in the backward of an interleaved-rope spec
-#   (tests/test_transforms.py), and 8 per thread is the tile with no spill anywhere.
+#   (tests/kernels/test_transforms.py), and 8 per thread is the tile with no spill anywhere.
 ROW_TILE_ELEMENTS = {"fwd": 2048, "bwd": 1024}
 ROW_TILE_PER_THREAD = {"fwd": 16, "bwd": 8}
 

@@ -11,7 +11,7 @@ from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import overridden_plans
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
-from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
+from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence, spy_on_launch
 
 
 @pytest.mark.parametrize(("tiles", "dims", "walks", "sms", "expected"), [
@@ -39,19 +39,6 @@ def test_forced_sm_count_is_scoped():
     with launch.forced_sm_count(132):
         assert launch.sm_count(cpu) == 132
     assert launch.sm_count(cpu) == 0
-
-
-def spy_on_launch(monkeypatch, name: str) -> list:
-    """What every call of launch.<name> returns while the test runs, in order."""
-    picked = []
-    real = getattr(launch, name)
-
-    def spy(*args):
-        picked.append(real(*args))
-        return picked[-1]
-
-    monkeypatch.setattr(launch, name, spy)
-    return picked
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from fla_gen.errors import SpecError
 from fla_gen.parse import parse_spec
 from fla_gen.plan import PlanError, bind_kernel_inputs, select_algorithms
 
-SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
+SPECS = sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.fla"))
 SOURCES = [p.read_text() for p in SPECS]
 TOKEN = re.compile(r"\s+|#[^\n]*|\w+|\*\*|\^T|.", re.S)
 WORDS = ["q", "k", "v", "g", "S", "K", "V", "B", "T", "H", "beta", "exp", "outer", "diag", "scale", "@", "*",

@@ -31,7 +31,7 @@ from fla_gen.aot import (
     uses_wgmma,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CAPS = (80, 89, 90, 100)
 
 # --------------------------------------------------------------------------------------------------

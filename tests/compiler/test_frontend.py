@@ -22,7 +22,7 @@ from fla_gen.plan import (
 )
 from fla_gen.tuned import tuned_entry
 
-SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
+SPECS = sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.fla"))
 
 EXTRA = {"g": "[B, T, H]", "gk": "[B, T, H, K]", "beta": "[B, T, H]", "a": "[B, T, H, K]", "b": "[B, T, H, K]"}
 

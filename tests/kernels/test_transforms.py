@@ -272,7 +272,7 @@ def launches():
 def test_variant_transform_kernels_compile_ahead_of_time(variant, tmp_path):
     """The interleaved rope (partner o ^ 1 via tl.gather) and the feature maps, in the transform kernels
     and inlined in the recurrent forward, compile for every target; the transform kernels do not spill.
-    (The specs' own ops, gated_delta_rule_rope included, are in tests/test_aot_matrix.py.)"""
+    (The specs' own ops, gated_delta_rule_rope included, are in tests/aot/test_aot_matrix.py.)"""
     (tmp_path / "variant_aot_call.py").write_text(textwrap.dedent(VARIANT_AOT_CALL))
     out = tmp_path / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from fla_gen.runtime import launch
-from tests.support import compare_chunk_op
-from tests.test_state_walk_split import spy_on_launch
+from tests.support import compare_chunk_op, spy_on_launch
 
 
 @pytest.mark.parametrize(("block_k", "expected"), [(16, 16), (32, 32), (64, 64), (128, 64), (256, 64)])
