@@ -301,22 +301,24 @@ def _sdpa_calls(shape: Shape, spec: dict):
     return {"fwd": (fwd, None), "fwdbwd": (fwd_bwd, qkv)}
 
 
-def _warm(calls: dict, row: dict, lib: str) -> bool:
-    """Each mode's first and second call; an error becomes the library's note (False)."""
+def _warm(calls: dict, row: dict, lib: str) -> dict:
+    """Each mode's first and second call (compile, autotune, first backward); a mode that raises is dropped,
+    its error the library's note for that mode (e.g. fla's refusal of a gated backward: its forward still
+    runs). Returns the modes that work."""
     t0 = time.perf_counter()
-    try:
-        for _ in range(2):
-            for fn, grads in calls.values():
+    ok = {}
+    for mode, (fn, grads) in calls.items():
+        try:
+            for _ in range(2):
                 fn()
                 for t in grads or ():
                     t.grad = None
-    except Exception as e:
-        row.setdefault("notes", {})[lib] = _ops.err_text(e, 200)
-        return False
-    finally:
-        _ops.sync(row["_device"])
+            _ops.sync(row["_device"])
+            ok[mode] = (fn, grads)
+        except Exception as e:
+            row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
     row.setdefault("warmup_s", {})[lib] = round(time.perf_counter() - t0, 2)
-    return True
+    return ok
 
 
 def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
@@ -329,7 +331,8 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
         return row
     if notes:
         row["notes"] = notes
-    libs = [lib for lib in ("ours", "fla") if lib in calls and _warm(calls[lib], row, lib)]
+    calls = {lib: _warm(modes, row, lib) for lib, modes in calls.items()}
+    libs = [lib for lib in ("ours", "fla") if calls.get(lib)]
     for _ in range(spec["rounds"]):
         for lib in libs:
             for mode, (fn, grads) in calls[lib].items():

@@ -109,7 +109,8 @@ def test_markdown_table():
 def test_fake_run_end_to_end(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--fake", "--device", "cpu", "--presets", "",
-           "--shapes", "1x32x2x16,decode:2x2x16", "--ops", "linear_attn,delta_rule", "--rounds", "2", "--out", str(out)]
+           "--shapes", "1x32x2x16,decode:2x2x16", "--ops", "linear_attn,simple_gla,delta_rule", "--rounds", "2",
+           "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "results.json").read_text())
@@ -118,6 +119,10 @@ def test_fake_run_end_to_end(tmp_path):
     assert len(la["ours"]["fwd"]) == len(la["fla"]["fwd"]) == 2 and la["ratio_fwd"] > 0
     assert la["sdpa"]["fwd"] and la["ours_over_floor"] > 0
     assert "fwdbwd" not in rows[("linear_attn", "decode:2x2x16")]["ours"]
-    assert "no stand-in" in rows[("delta_rule", "1x32x2x16")]["notes"]["ours"]
+    assert "no stand-in" in rows[("delta_rule", "1x32x2x16")]["notes"]["ours fwd"]
+    # a library whose backward raises (fla's gated chunk_simple_gla on Hopper) still has its forward timed
+    sg = rows[("simple_gla", "1x32x2x16")]
+    assert len(sg["fla"]["fwd"]) == 2 and "fwdbwd" not in sg["fla"] and "refused" in sg["notes"]["fla fwdbwd"]
+    assert sg["ratio_fwd"] > 0 and sg["ratio_fwdbwd"] is None and len(sg["ours"]["fwdbwd"]) == 2
     assert (out / "results.md").read_text().startswith("# Benchmark: cpu")
     assert sorted(p.name for p in (out / "shapes").iterdir()) == ["1x32x2x16.json", "decode_2x2x16.json"]
