@@ -1,4 +1,5 @@
-"""Shared by bench_ops.py and gpu_check.py: which ops exist, how to build their inputs, how to call them.
+"""Shared by the benchmark tools (run.py, gpu_check.py, sweep_plans.py, kernel_limits.py): which ops exist,
+how to build their inputs, how to call them.
 
 An op is called positionally in fla's argument order (so that name differences such as fla's
 ``fused_recurrent_gla(..., gk=...)`` versus our ``g`` do not matter), with ``scale`` always passed
@@ -66,14 +67,14 @@ OPS: dict[str, OpSpec] = {
 DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "dplr_delta_rule", "rwkv7"}
 
 
-# Named shape lists for --shapes. issue7: the targets of project issue 7 (B x T x H x D, K = V = D).
+# Named shape lists for --shapes (B x T x H x D, K = V = D). standard: the shapes the plans were tuned on.
 SHAPE_PRESETS = {
-    "issue7": ("4x4096x16x128", "8x2048x32x64", "1x16384x16x128", "2x8192x8x256"),
+    "standard": ("4x4096x16x128", "8x2048x32x64", "1x16384x16x128", "2x8192x8x256"),
 }
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int, int]]:
-    """'4x4096x16x128,issue7,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
+    """'4x4096x16x128,standard,...' -> [(B, T, H, K, V), ...]: comma-separated shapes or preset names,
     duplicates dropped, order kept."""
     out: list[tuple[int, int, int, int, int]] = []
     for item in (x.strip() for x in text.split(",")):
@@ -354,7 +355,7 @@ def prime_torch_autograd() -> float:
 
     A process's first ``Tensor.backward(grad)`` imports torch.fx.experimental.symbolic_shapes and
     sympy (torch.autograd's ``_make_grads``): 2.8 s on the H100 machine, whose site-packages have no
-    bytecode cache (benchmarks/first_call_profile.py). Every torch model pays it once, whatever its
+    bytecode cache. Every torch model pays it once, whatever its
     ops, so first-call timings of ours and fla's take it out first and report it apart.
     """
     t0 = time.perf_counter()
@@ -396,7 +397,7 @@ def op_step(fn, leaves, call_kwargs: dict, fwd_only: bool):
 
 def interleaved_times(names, measure, rounds: int) -> dict:
     """``measure(name)`` (ms) for every name, ``rounds`` times, the order reversed every other round: a drift or a
-    slow stretch of the GPU (session 11 saw both) then shows as a spread between rounds rather than landing on
+    slow stretch of the GPU then shows as a spread between rounds rather than landing on
     one name. Returns {name: [ms per round]}; callers keep the fastest."""
     names = list(names)
     times: dict = {n: [] for n in names}
@@ -404,3 +405,52 @@ def interleaved_times(names, measure, rounds: int) -> dict:
         for n in (names if r % 2 == 0 else names[::-1]):
             times[n].append(measure(n))
     return times
+
+
+def fmt(x, nd=3) -> str:
+    """A table cell: '-' for None, 'nan', at most ``nd`` decimals, no trailing zeros."""
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x != x:
+            return "nan"
+        if abs(x) >= 100 or nd == 0:
+            return f"{x:.0f}"
+        if abs(x) < 1e-2 and x != 0:
+            return f"{x:.{max(nd - 1, 1)}e}"
+        t = f"{x:.{nd}f}"
+        return t.rstrip("0").rstrip(".") if "." in t else t
+    return str(x)
+
+
+def grid(hdr: list, body: list) -> list:
+    """A fixed-width text table: the first two columns left-aligned, the rest right-aligned."""
+    cols = zip(hdr, *body, strict=True) if body else ([h] for h in hdr)
+    w = [max(len(str(x)) for x in col) for col in cols]
+    line = "  ".join(f"{{:<{n}}}" if i < 2 else f"{{:>{n}}}" for i, n in enumerate(w))
+    out = [line.format(*hdr), "  ".join("-" * n for n in w)]
+    out += [line.format(*[str(x) for x in r]) for r in body]
+    return out
+
+
+def versions() -> dict:
+    """Python, torch, Triton and fla-core versions and the GPU's name, without initialising CUDA."""
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    v: dict = {"python": sys.version.split()[0]}
+    for pkg, key in (("torch", "torch"), ("triton", "triton"), ("fla-core", "fla")):
+        try:
+            v[key] = metadata.version(pkg)
+        except Exception:
+            v[key] = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            v["gpu"] = out.stdout.strip().splitlines()[0].split(",")[0].strip()
+            v["driver"] = out.stdout.strip().splitlines()[0].split(",")[1].strip()
+    except Exception:
+        pass
+    return v

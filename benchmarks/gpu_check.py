@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bf16 correctness of every generated chunk_* and fused_recurrent_* op on the GPU, at real sizes.
 
-    python benchmarks/gpu_check.py --ops linear_attn,simple_gla,gla --out $OUT/check.json \
-        [--table $OUT/check_table.txt] [--shape 4x4096x16x128] [--grad-T 1024]
+    python benchmarks/gpu_check.py --ops linear_attn,simple_gla,gla --out check.json \
+        [--table check_table.txt] [--shape 4x4096x16x128] [--grad-T 1024]
 
 Oracle: the generated step-by-step reference ``<op>_reference`` run in float32 (``--ref-dtype``)
 on the GPU, on the same bf16 inputs upcast, with TF32 off. Per op, the reference runs once and
@@ -288,12 +288,10 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
-    from bench_ops import _versions
-
     report = {"seed": args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
               "shape": args.shape, "grad_T": args.grad_T, "ref_dtype": args.ref_dtype,
               "threshold": args.threshold, "dtype": args.dtype or "bfloat16", "device": args.device, "fake": args.fake,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": _versions(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": _ops.versions(),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "rows": [], "notes": []}
 
     def save():

@@ -2,7 +2,7 @@
 """What bounds each kernel of one op's call: Nsight Compute's counters, kernel by kernel, against the floor.
 
     python benchmarks/kernel_limits.py --ops gla,dplr_delta_rule --libs ours,fla --shape 4x4096x16x128 \
-        --fwd-only --out $OUT/limits.json --table $OUT/limits.txt
+        --fwd-only --out limits.json --table limits.txt
 
 Per (op, lib) the script runs itself under ``ncu --clock-control none --profile-from-start off`` (a worker):
 two warm-up calls, then one call between cudaProfilerStart and Stop, so ncu sees exactly one call's kernels.
@@ -15,8 +15,8 @@ Each kernel gets a verdict:
 - ``latency``: neither: the kernel waits (dependent steps of a sequential walk, a small grid, a chain of
   small dots), so neither more bandwidth nor more FLOP/s would speed it up.
 The op's row adds them up: the bytes the call moved against the floor's (inputs read once, outputs written
-once), and the time of its kernels against the floor's time at the copy bandwidth ``--copy-tbs`` (session
-notes: 3.0 TB/s measured on the H100 by a device-to-device copy). That splits "ours / floor" into the extra
+once), and the time of its kernels against the floor's time at the copy bandwidth ``--copy-tbs`` (3.0 TB/s
+on the H100 by a device-to-device copy; benchmarks/run.py measures it). That splits "ours / floor" into the extra
 bytes the algorithm moves and how far each kernel is from moving its own bytes at full speed.
 """
 

@@ -2,8 +2,8 @@
 """Try launch-config variants of each kernel of a generated chunk op on one GPU; record which wins and why.
 
     python benchmarks/sweep_plans.py --ops gla,delta_rule --shapes 4x4096x16x128 --budget-s 520 \
-        --out $OUT/sweep.json --table $OUT/sweep_table.txt [--stages fwd_o,bwd_dv] [--max-variants 10]
-    python benchmarks/sweep_plans.py --propose sweep.json   # fla_gen/tuned.py entries for the wins
+        --out sweep.json --table sweep_table.txt [--stages fwd_o,bwd_dv] [--max-variants 10]
+    python benchmarks/sweep_plans.py --propose sweep.json   # fla_gen/measurements.py entries for the wins
     python benchmarks/sweep_plans.py --render sweep.json    # re-print a saved sweep's table
     python benchmarks/sweep_plans.py --fake                 # CPU: the real ops in Triton's interpreter
 
@@ -65,7 +65,7 @@ import _ops  # noqa: E402
 FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
 TILES = (32, 64, 128)
 WARPS = (4, 8)
-# 4 stages: session 11 found them fastest for the scalar- and channel-gate state walks (fla_gen/tuned.py)
+# 4 stages: measured fastest for the scalar- and channel-gate state walks at head dim 256 (fla_gen/measurements.py)
 STAGES = (1, 2, 3, 4)
 # Test hooks, comma-separated: "stage:variant" makes the worker die (os._exit) there, "cuda:stage:variant"
 # raise a CUDA error there (exercises the restart paths).
@@ -433,13 +433,11 @@ def run(args) -> dict:
     deadline = time.time() + args.budget_s
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flagen_sweep_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from bench_ops import _versions
-
     report: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed, "device": device, "dtype": dtype,
         "fake": args.fake, "quick": args.quick, "tol": args.tol, "budget_s": args.budget_s,
-        "workdir": str(workdir), "versions": _versions(), "workers": {}, "rows": [], "notes": [],
+        "workdir": str(workdir), "versions": _ops.versions(), "workers": {}, "rows": [], "notes": [],
     }
     state = {"proc": None}
 
@@ -569,8 +567,6 @@ def _pending(lines: list[dict]) -> tuple[str, str] | None:
 
 
 def render_table(report: dict) -> str:
-    from bench_ops import _fmt, _grid
-
     v = report.get("versions", {})
     lines = [f"sweep_plans  device={v.get('gpu', report.get('device'))} arch={report.get('arch')}  "
              f"torch={v.get('torch')} triton={v.get('triton')}  dtype={report.get('dtype')}  "
@@ -585,15 +581,15 @@ def render_table(report: dict) -> str:
         best = next((x for x in r["variants"] if x["variant"] == r.get("best")), None)
         op_pair = "-"
         if best and d.get("op_ms") and best.get("op_ms"):
-            op_pair = f"{_fmt(d['op_ms'])}/{_fmt(best['op_ms'])}"
+            op_pair = f"{_ops.fmt(d['op_ms'])}/{_ops.fmt(best['op_ms'])}"
         counts = ",".join(f"{k}:{n}" for k, n in sorted(r.get("counts", {}).items())) or "-"
         if r.get("untried"):
             counts += f",untried:{r['untried']}"
         body.append([r["op"], r["shape"], r["stage"], r.get("mode", "-"),
                      vkey(d["cfg"]) if d.get("cfg") else r.get("error", "-"),
-                     _fmt(d.get(metric)), r.get("best") or "-", _fmt(best.get(metric)) if best else "-",
-                     _fmt(r.get("speedup"), 2), op_pair, counts])
-    lines += _grid(hdr, body)
+                     _ops.fmt(d.get(metric)), r.get("best") or "-", _ops.fmt(best.get(metric)) if best else "-",
+                     _ops.fmt(r.get("speedup"), 2), op_pair, counts])
+    lines += _ops.grid(hdr, body)
     lines.append("ms: kernel alone (torch.profiler, per call) where measured, else the whole call (do_bench "
                  "median); speedup = default / best (> 1: a variant beats the plan); op ms d/b: the whole "
                  "fwd or fwd+bwd call, default / best")
@@ -618,9 +614,9 @@ def render_table(report: dict) -> str:
 
 
 def propose(report: dict, min_speedup: float, source: str) -> str:
-    """fla_gen/tuned.py TunedPlan entries (Python source) for every kernel whose best variant beats
-    the default by ``min_speedup``, grouped by the entry key; rows of one key that disagree are
-    emitted commented out, for a person to decide."""
+    """Lines for fla_gen/tuned.py (Python source) for every kernel whose best variant beats the default by
+    ``min_speedup``, grouped by the entry key, and the fla_gen/measurements.py Source of each new id; rows of
+    one key that disagree are emitted commented out, for a person to decide."""
     from fla_gen.canonical import canonicalize
     from fla_gen.check import check_spec
     from fla_gen.parse import read_spec
@@ -630,7 +626,6 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
     arch = report.get("arch")
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[report["dtype"]]
     gpu = report.get("versions", {}).get("gpu") or report.get("device")
-    date = report.get("date", "")[:10]
     algo_of: dict[str, str] = {}
     groups: dict[tuple, list[dict]] = {}
     for r in report.get("rows", []):
@@ -641,22 +636,29 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
             rec = canonicalize(check_spec(read_spec(ROOT / "specs" / f"{pkg}.fla")))
             algo_of[pkg] = select_algorithms(rec)[0].name
         _, _, _, K, V = _ops.parse_shape(r["shape"])
-        key = (arch, algo_of[pkg], r["stage"], dtype, head_dim_bucket(max(K, V)))
+        key = (algo_of[pkg], r["stage"], dtype, head_dim_bucket(max(K, V)))
         groups.setdefault(key, []).append(r)
-    out = [f"# proposed from {source} (min speedup {min_speedup}); paste into fla_gen/tuned.py TUNED"]
+    out = [f"# proposed from {source} (min speedup {min_speedup}); fla_gen/tuned.py, under TUNED[{arch!r}]:"]
+    sources: dict[str, list[str]] = {}
     for key, rows in groups.items():
         cfgs = {r["best"] for r in rows}
         best = rows[0]["best_cfg"]
-        why = "; ".join(_measurement(r) for r in rows)
-        reason = f"measured on {gpu} {date}: {why} (benchmarks/sweep_plans.py, {Path(source).name})"
-        entry = (f"TunedPlan({key[0]!r}, {key[1]!r}, {key[2]!r}, {key[3]!r}, {key[4]}, {best['block_k']}, "
-                 f"{best['block_v']}, {best['num_warps']}, {best['num_stages']},\n          {reason!r}),")
+        sid = f"{arch}-{key[0].removeprefix('chunk_')}-{key[1]}".replace("_", "-").lower()
+        entry = (f"        {key!r}: Tuned({best['block_k']}, {best['block_v']}, {best['num_warps']}, "
+                 f"{best['num_stages']}, {sid!r}),")
         if len(cfgs) > 1:
             out.append(f"# rows of {key} disagree on the best variant ({sorted(cfgs)}): decide by hand")
-            entry = "\n".join("# " + li for li in entry.splitlines())
+            entry = "# " + entry
+        else:
+            sources.setdefault(sid, []).extend(_measurement(r) for r in rows)
         out.append(entry)
     if not groups:
         out.append(f"# no kernel beat its default by {min_speedup}x")
+    if sources:
+        out.append("# fla_gen/measurements.py, in SOURCES:")
+        for sid, whys in sources.items():
+            text = f"{gpu}: {'; '.join(whys)} (benchmarks/sweep_plans.py, {Path(source).name})"
+            out.append(f"    {sid!r}: Source({text!r}, ({arch!r},)),")
     return "\n".join(out)
 
 
@@ -701,7 +703,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", default=None, help="scratch dir (worker logs, JSON lines, Triton cache)")
     p.add_argument("--fake", action="store_true", help="CPU: the real ops in Triton's interpreter, tiny shapes")
     p.add_argument("--render", default=None, metavar="JSON", help="only print the table of a saved sweep")
-    p.add_argument("--propose", default=None, metavar="JSON", help="print fla_gen/tuned.py entries for the wins")
+    p.add_argument("--propose", default=None, metavar="JSON", help="print fla_gen/measurements.py entries for the wins")
     p.add_argument("--min-speedup", type=float, default=1.03, help="with --propose: smallest speedup to propose")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -10,7 +10,8 @@ from host launchers. This module
 3. compiles it with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))`` for each target
    and summarises the result (:func:`compile_launch`, :func:`compile_matrix`);
 4. checks the summary against the hardware (:data:`ARCH_LIMITS`, :func:`check_report`): shared memory
-   within the per-block limit, and no MMA -> MMA layout conversion off Ampere (DESIGN.md §5, §8).
+   within the per-block limit, and no MMA -> MMA layout conversion off Ampere (docs/design.md, "Avoiding
+   MMA->MMA conversions").
 
 Kernels must have been decorated with ``TRITON_INTERPRET`` unset: under the interpreter ``@triton.jit``
 yields an ``InterpretedFunction``, which cannot be compiled. The command line entry point runs in its own
@@ -90,7 +91,7 @@ class ArchLimits:
 #          GPU enables a single thread block to address up to 227 KB of shared memory".
 #   CUTLASS agrees in bytes: sm90_smem_capacity_bytes = sm100_smem_capacity_bytes = 232448
 #   (cutlass/gemm/collective/builders/sm90_common.inl, cutlass/arch/arch.h).
-# MMA -> MMA: DESIGN.md §5 allows it on Ampere (sm80) only.
+# MMA -> MMA: allowed on Ampere (sm80) only (docs/design.md, "Avoiding MMA->MMA conversions").
 ARCH_LIMITS: dict[int, ArchLimits] = {
     80: ArchLimits(
         cap=80,
@@ -647,7 +648,7 @@ def check_report(report: CompiledKernelReport, limits: dict[int, ArchLimits] = A
     if report.mma_to_mma and not arch.mma_to_mma_ok:
         problems.append(
             f"{where}: {len(report.mma_to_mma)} MMA -> MMA layout conversion(s), which {arch.name} must not"
-            f" have (DESIGN.md §5): {report.mma_to_mma[0]}"
+            f" have (docs/design.md): {report.mma_to_mma[0]}"
         )
     return problems
 

@@ -377,10 +377,15 @@ _DTYPE_ALIASES = (("fp16", "bf16"),)
 
 
 def _plan_rows(plans: tuple[Plan, ...]) -> dict:
-    """Split a plan table into the rows written out in full and the rows equal to another dtype's
-    row but for the dtype (fp16 = bf16 unless a measured entry tells them apart), which the
-    package rebuilds with ``same_plans_as``: {"plans": [...], "aliases": [{"dtype", "source", "unless"}]},
-    ``unless`` the (arch, head dim) of the source rows that have no equal row of ``dtype``."""
+    """Split a plan table into the rows written out in full and the rows the package rebuilds from others:
+    {"plans": [...], "arch_aliases": [{"arch", "source", "unless"}], "aliases": [{"dtype", "source", "unless"}]}.
+
+    Dtype aliases: rows equal to another dtype's row but for the dtype (fp16 = bf16 unless a measured entry
+    tells them apart), rebuilt with ``same_plans_as``; ``unless`` the (arch, head dim) of the source rows that
+    have no equal row of ``dtype``. Arch aliases, rebuilt first (``same_arch_plans_as``): rows of one arch equal
+    to an earlier arch's written row but for the arch (targets whose limits and measurements agree), from the
+    earlier arch with the most equal rows; ``unless`` the (dtype, head dim) of that arch's written rows that are
+    not copied."""
     by_key = {(p.arch, p.dtype, p.head_dim): p for p in plans}
     aliases, aliased = [], set()
     for dtype, source in _DTYPE_ALIASES:
@@ -391,7 +396,28 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
             aliases.append({"dtype": dtype, "source": source, "unless": unless})
             aliased |= {(a, dtype, hd) for a, hd in same}
     full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
-    return {"plans": full, "aliases": aliases}
+    written = {(p.arch, p.dtype, p.head_dim): p for p in full}
+    arch_aliases, arch_aliased = [], set()
+    archs = list(dict.fromkeys(p.arch for p in plans))
+    for i, arch in enumerate(archs):
+        rows = [p for p in full if p.arch == arch]
+        best, best_same = None, set()
+        for src in archs[:i]:
+            if any(a["arch"] == src for a in arch_aliases):
+                continue  # copy only from rows written in full
+            same = {(p.dtype, p.head_dim) for p in rows
+                    if written.get((src, p.dtype, p.head_dim)) == dataclasses.replace(p, arch=src)}
+            if len(same) > len(best_same):
+                best, best_same = src, same
+        if best is None:
+            continue
+        unless = [(p.dtype, p.head_dim) for p in full if p.arch == best and (p.dtype, p.head_dim) not in best_same]
+        arch_aliases.append({"arch": arch, "source": best, "unless": unless})
+        arch_aliased |= {(arch, d, hd) for d, hd in best_same}
+    full = [p for p in full if (p.arch, p.dtype, p.head_dim) not in arch_aliased]
+    return {"plans": full, "arch_aliases": arch_aliases, "aliases": aliases}
+
+
 def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:
     rec = lowered.rec
     ctx = dict(common)
@@ -491,8 +517,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     ]
     if chunk_algo.bounded_chunk_size:
         plans_ctx["tables"].append(
-            {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound (tensor-core "
-             f"pairwise decays; used when the bound is at least the plan's gate_bound)",
+            {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound >= the plan's "
+             f"gate_bound (tensor-core pairwise decays)",
              **_plan_rows(plan_table(lowered.features, chunk_algo, bounded=True))})
     pkg = rec.spec.package
     transforms = plan_transforms(lowered)

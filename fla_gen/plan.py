@@ -1,9 +1,11 @@
 """Stage 4: Recurrence × (arch, dtype, head dim) → Plan: which kernels, how big, for which GPU.
 
 The rules are data: an arch table (shared-memory limit, matrix instruction) and a kernel
-table per algorithm (what each kernel keeps in shared memory per pipeline stage). Every
-choice carries a one-line reason that ``fla-gen plan`` prints. No run-time autotuning: the
-plan is fixed when the op is built, so a first call costs only Triton's compile.
+table per algorithm (what each kernel keeps in shared memory per pipeline stage). Measured
+configs are a table per arch in fla_gen/tuned.py. Every choice carries source ids (written into
+the generated tables; their prose is in fla_gen/measurements.py) and a reason that ``fla-gen
+plan`` prints. No run-time autotuning: the plan is fixed when the op is built, so a first call
+costs only Triton's compile. docs/design.md describes the rules.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
 from fla_gen.features import Family, KernelFeatures, RankOne
+from fla_gen.measurements import SOURCES, explain, speaks_for
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
-from fla_gen.tuned import tuned_config
+from fla_gen.tuned import FUSED_WALK, tuned_config
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,23 @@ SUB_CHUNK = 16
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A measured per-arch override of one KernelShape value (warps, or most pipeline stages), for the
-    head-dim buckets ``head_dims`` (default: all of them), with the measurement as its reason."""
+    """A per-arch override of one KernelShape value (warps, or most pipeline stages), for the head-dim
+    buckets ``head_dims`` (default: all of them), with the id of its source (fla_gen/measurements.py)."""
 
     arch: str
     value: int
-    reason: str
+    source: str
     head_dims: tuple[int, ...] = HEAD_DIM_BUCKETS
+
+
+@dataclass(frozen=True)
+class BoundedRule:
+    """The warps (and V tile, 0: the rule's) of one kernel in the bounded-gate plan on ``arch``."""
+
+    arch: str
+    num_warps: int
+    block_v: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -79,92 +92,29 @@ class KernelShape:
     # Keeps a whole-K [K, BV] state tile in registers (sequential over chunks): BV shrinks as K grows.
     whole_k: bool = False
     # Archs where a kernel that loops over V tiles around a once-built [BT, BT] product takes one V tile
-    # up to 128 wide instead (no V loop). Measured on the H100: gla fwd 1.505 -> 1.327 ms, fwd+bwd 4.43 -> 4.14.
+    # up to 128 wide instead (no V loop): source "wide-v".
     wide_v: tuple[str, ...] = ()
     # Builds [BT, BT, BK] tiles of pairwise decays entry by entry where the gates are strong (no dot,
     # nothing to pipeline), else [BT, BK] factor tiles for small dots: 16-wide K blocks either way.
     pair_tiles: bool = False
-    # (num_warps, block_v or 0, reason) for the bounded-gate plan (Algorithm.bounded_chunk_size), measured.
-    bounded: tuple[int, int, str] | None = None
+    # Per-arch warps and V tile for the bounded-gate plan (Algorithm.bounded_chunk_size).
+    bounded: tuple[BoundedRule, ...] = ()
     # One program per BC-token sub-chunk ("BC" in tiles): its dots have M = BC = 16 rows, so they run
     # as mma.sync on every target (wgmma needs M >= 64).
     sub_chunk: bool = False
-    # (widest K tile, reason): a measured cap where wider K tiles keep too many [BT, BK] fp32 tiles live.
+    # (widest K tile, source id): a measured cap where wider K tiles keep too many [BT, BK] fp32 tiles live.
     max_block_k: tuple[int, str] | None = None
     # A sequential walk over the chunks whose launcher splits its tiles at run time while the grid leaves
-    # SMs idle: the rule, appended to the plan's reason (SMALL_GRID_SPLIT: K and V tiles on the grid,
-    # launch.state_walk_tiles; WHOLE_K_GRID_SPLIT: a walk that keeps all of K, launch.whole_k_walk_block_v).
-    small_grid_split: str = ""
+    # SMs idle: (rule id, id of its measurement), appended to the plan's sources (SMALL_GRID_SPLIT: K and V
+    # tiles on the grid, launch.state_walk_tiles; WHOLE_K_GRID_SPLIT: a walk that keeps all of K,
+    # launch.whole_k_walk_block_v).
+    small_grid_split: tuple[str, str] | None = None
     # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
     gate_only: bool = False
 
 
-SMALL_GRID_SPLIT = ("at run time, tiles halve (to 32 at least) while N*H*(K/BK)*(V/BV) programs are fewer than "
-                    "the GPU's SMs (launch.state_walk_tiles; measured on H100 at 1x16384x16x128: 64 -> 256 "
-                    "programs, fwd_h 0.403 -> 0.312 ms simple_gla, 0.503 -> 0.371 gla)")
-
-WHOLE_K_GRID_SPLIT = ("at run time, BV halves (to 16 at least) while the V / BV * N*H programs fill at most half "
-                      "of the GPU's SMs (launch.whole_k_walk_block_v; measured on H100 at 1x16384x16x128: 64 -> 128 "
-                      "programs, fwd_h 0.452 -> 0.420 ms delta_rule, 0.690 -> 0.634 gated_delta_rule; bwd_dh on row "
-                      "blocks 0.349 -> 0.294 ms)")
-
-# fwd_fused (the forward as one walk that also writes the outputs), measured on the H100 in bf16 against
-# fwd_h + fwd_o through the public op, same process, same inputs (benchmarks/experiments/s9_fused_forward,
-# benchmarks/results/2026-11-24_h100_fused_forward*_s9.json). Keyed by (algorithm, gated, head-dim bucket): V tile,
-# warps, stages. Without a gate one program per SM is enough (the walk's dots keep it busy): linear_attn forward
-# 0.244 -> 0.106 ms at 4x4096x16x128 [64, 4 warps, 3 stages], 0.194 -> 0.103 at 8x2048x32x64, 0.353 -> 0.228 at
-# 2x8192x8x256 [32, 4, 3]; at 1x16384x16x128 (64 programs at BV 32) 0.294 against 0.304, even. With a gate each
-# step also rescales the output, the intra-chunk product and the state by the chunk's decays, and the walk wants
-# two programs per SM: simple_gla 0.261 -> 0.204 at 4x4096x16x128 (256 programs, [32, 4, 3]), 0.221 -> 0.139 at
-# 8x2048x32x64 ([64, 4, 2]), 0.267 -> 0.208 at 8x2048x16x128; slower at 128 programs (1x8192x32x128 0.290 ->
-# 0.345, 2x8192x8x256 0.372 -> 0.492), and slower at head dim 256 even on 1024 programs (8x2048x16x256 0.699 ->
-# 1.033: [256, 32] spills 144 B there), so never at 256 with a gate (None). Wider tiles spill (fla-gen aot,
-# sm90: [64, 4, 2] with a gate at head dim 128 spills 180 B). One stage is never planned: with a gate,
-# [32, 4 warps, 1 stage] at head dim 128 is miscompiled on the H100 under Triton 3.6 (an illegal address, and
-# under compute-sanitizer no fault but a 0.38 relative error) while 2 and 3 stages are exact (check_variant.py).
-#
-# The delta family's walk (chunk_delta) holds the same state, and fusing fwd_o into it saves the chunk states
-# and v_new on top. Measured the same way (experiments/s9_fused_forward/fused_forward.py,
-# results/2026-11-24_h100_fused_forward_delta2_*_s9.json, the generated kernel with P built before q @ h, which
-# spills nothing at [64, 4, 3] where the other order spilled 60 B), forward split -> fused: delta_rule 0.500 ->
-# 0.329 ms at 4x4096x16x128 [64, 4, 3], 0.570 -> 0.447 at 8x2048x32x64 [64, 4, 3], 0.573 -> 0.526 at
-# 1x16384x16x128 ([32, 4, 3] on 64 programs, 0.48x the SMs: the delta walk does enough per step to win there),
-# 0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; gated_delta_rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], 256
-# programs), 0.619 -> 0.497 at 8x2048x32x64 [64, 4, 2], but slower on fewer programs (1x16384x16x128 0.645 ->
-# 0.808 at best, 2x8192x8x256 0.661 -> 0.716), as the scalar gate's walk: the same 1.9x share, never at 256.
-# Outputs bit-identical to fwd_h + fwd_o's at every config.
-FUSED_WALK_TILES: dict[tuple[str, bool, int], tuple[int, int, int] | None] = {
-    ("chunk_scalar_gate", False, 64): (64, 4, 3), ("chunk_scalar_gate", False, 128): (64, 4, 3),
-    ("chunk_scalar_gate", False, 256): (32, 4, 3),
-    ("chunk_scalar_gate", True, 64): (64, 4, 2), ("chunk_scalar_gate", True, 128): (32, 4, 3),
-    ("chunk_scalar_gate", True, 256): None,
-    ("chunk_delta", False, 64): (64, 4, 3), ("chunk_delta", False, 128): (64, 4, 3),
-    ("chunk_delta", False, 256): (32, 4, 2),
-    ("chunk_delta", True, 64): (64, 4, 2), ("chunk_delta", True, 128): (32, 4, 2),
-    ("chunk_delta", True, 256): None,
-    # gla (per-channel gates): every V-block program rebuilds q exp(G) and k exp(G_L - G); measured faster only
-    # at head dim 64 (benchmarks/experiments/s10_gla_walk, 8x2048x32x64: 0.575 -> 0.465 ms at [64, 4, 2]); at 128
-    # even at best (4x4096x16x128 [64, 8, 2]: 0.687 -> 0.676 ms, and 0.95-0.99 ms at 32-wide V), slower at 256
-    ("chunk_channel_gate", True, 64): (64, 4, 2), ("chunk_channel_gate", True, 128): None,
-    ("chunk_channel_gate", True, 256): None,
-}
-_FUSED_WALK_FALLBACK = "(launch.fused_walk_block_v), else fwd_h + fwd_o"
-# Every gated walk (a decay to apply each step) measured the same: two programs per SM.
-_GATED_WALK_SHARE = (1.9, "taken while its V / BV * N*H programs reach 1.9x the GPU's SMs (two programs per SM), BV "
-                          f"halving to 32 to get there {_FUSED_WALK_FALLBACK}")
-FUSED_WALK_SHARE = {
-    ("chunk_scalar_gate", False): (0.5, "taken while its V / BV * N*H programs fill half of the GPU's SMs, BV "
-                                        f"halving to 32 to get there {_FUSED_WALK_FALLBACK}"),
-    ("chunk_scalar_gate", True): _GATED_WALK_SHARE,
-    ("chunk_delta", False): (0.45, "taken while its V / BV * N*H programs fill 0.45 of the GPU's SMs, BV halving "
-                                   f"to 32 to get there {_FUSED_WALK_FALLBACK}"),
-    ("chunk_delta", True): _GATED_WALK_SHARE,
-    ("chunk_channel_gate", True): _GATED_WALK_SHARE,
-}
-_FUSED_WALK_MEASURED = "measured on the H100 (plan.py FUSED_WALK_TILES)"
-# Only where measured: on the mma.sync targets these tiles spill 24-400 B (fla-gen aot, sm80/sm89, head dims
-# 64-256), and sm100 is not measured; there the forward stays fwd_h + fwd_o.
-FUSED_WALK_ARCHS = ("sm90",)
+SMALL_GRID_SPLIT = ("split-walk", "h100-split-walk")
+WHOLE_K_GRID_SPLIT = ("split-whole-k", "h100-split-whole-k")
 
 
 @dataclass(frozen=True)
@@ -186,36 +136,30 @@ _CHUNK_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BK", "BT"), ("BT", "BV"
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
 # Not at head dim 64: there one K tile covers the head and 8 warps lay bwd_dqkvg's dots out apart (3 MMA->MMA
 # conversions on sm90, fla-gen aot); 4 warps do not.
-_WIDE_GRADS = "8 warps: at 4 this kernel spills ~156 B on sm90 (ptxas via fla-gen aot); 8 fit in 193 registers"
 _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
                                          ("BK", "BV")), (("BT", "BT"),),
-                           warps=(ArchRule("sm90", 8, _WIDE_GRADS, (128, 256)),
-                                  ArchRule("sm100", 8, _WIDE_GRADS, (128, 256))))
+                           warps=(ArchRule("sm90", 8, "aot-wide-grads", (128, 256)),
+                                  ArchRule("sm100", 8, "wide-grads-sm100", (128, 256))))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False, gate_only=True)
 
-# Measured (fla-gen aot, bf16, 64x64 tiles): the per-channel bwd_dv (and the former fwd_o that built A
-# itself) stage whole-chunk [BT, BT] products and sub-chunk operands; 3 stages need 160-209 KB, 2 stages
-# 88-128 KB, 1 stage ~24-40 KB. The tile model below underestimates them, so the measured caps bound the
-# stage search.
+# The per-channel bwd_dv stages whole-chunk [BT, BT] products and sub-chunk operands: the tile model
+# underestimates them, so the caps measured by fla-gen aot bound the stage search.
 _CHANNEL_STAGE_CAPS = (
-    ArchRule("sm80", 2, "2 stages: 3 need up to 209 KB (measured), over sm80's 163 KB"),
-    ArchRule("sm86", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB", (64, 128)),
-    ArchRule("sm86", 1, "1 stage: at head dim 256, 2 stages need 152-161 KB (measured), over the 99 KB limit",
-             (256,)),
-    ArchRule("sm89", 2, "2 stages: 88-96 KB (measured) fit the 99 KB limit, 3 need 160+ KB", (64, 128)),
-    ArchRule("sm89", 1, "1 stage: at head dim 256, 2 stages need 152-161 KB (measured), over the 99 KB limit",
-             (256,)),
-    ArchRule("sm90", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
-    ArchRule("sm100", 2, "2 stages: 3 need up to 209 KB (measured), too close to the 227 KB limit"),
+    ArchRule("sm80", 2, "aot-channel-stages"),
+    ArchRule("sm86", 2, "aot-channel-stages-99k", (64, 128)),
+    ArchRule("sm86", 1, "aot-channel-stages-99k", (256,)),
+    ArchRule("sm89", 2, "aot-channel-stages-99k", (64, 128)),
+    ArchRule("sm89", 1, "aot-channel-stages-99k", (256,)),
+    ArchRule("sm90", 2, "aot-channel-stages"),
+    ArchRule("sm100", 2, "aot-channel-stages"),
 )
 # fwd_A and bwd_dqk_intra: one program per 16-token sub-chunk. fwd_A loops over K tiles once: q, G rows
-# [BC, BK]; k^T, G^T of every earlier sub-chunk [BK, BT] and of the diagonal block [BK, BC].
-_FWD_A_STAGES = ("1 stage: the K loop runs K / BK <= 4 steps; measured on the H100 (benchmarks/sweep_plans.py "
-                 "--stages fwd_A, results/2026-11-24_h100_sweep_gla_fwd_A_s10.json, 4 warps): fwd_A 0.467 -> 0.326 "
-                 "ms at 4x4096x16x128, 0.380 -> 0.341 at 2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64 against 3 "
-                 "stages, which hold 83 KB of shared memory (fla-gen aot) and so fewer programs per SM")
+# [BC, BK]; k^T, G^T of every earlier sub-chunk [BK, BT] and of the diagonal block [BK, BC]. 1 stage everywhere:
+# measured on sm90, the rule elsewhere.
 _CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BC"), ("BK", "BC")),
-                         sub_chunk=True, max_stages=tuple(ArchRule(arch, 1, _FWD_A_STAGES) for arch in ARCHS))
+                         sub_chunk=True, max_stages=tuple(
+                             ArchRule(arch, 1, "h100-fwd-a-stages" if arch == "sm90" else "fwd-a-one-stage")
+                             for arch in ARCHS))
 # K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
@@ -231,36 +175,26 @@ _CHANNEL_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BT", "BK"), ("BK", "B
                                            ("BT", "BV")), (("BK", "BV"),), whole_k=True)
 # bwd_dqkg: the inter-chunk dots do h^T, v dh^T in a V loop; the intra parts come from bwd_dqk_intra.
 _CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
-                            max_block_k=(32, "K in 32-wide tiles: at 64 the [BT, BK] fp32 tiles of the epilogue take "
-                                             "255 registers and spill 8-20 B on sm80/89/90 (4 warps; 8 warps still "
-                                             "need 244 on sm80/89); at 32, 136-168 and none (fla-gen aot, "
-                                             "head dim 128)"))
+                            max_block_k=(32, "aot-dqkg-bk32"))
 
-# fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators and three [K, BV]
-# tiles take 228 registers at 4 warps, 182 at 8. The entry-wise kernels' warps are measured (2026-11-23).
-_DPLR_DA_WARPS = tuple(ArchRule(a, 8, "8 warps: 182 registers (228 at 4) for the [K, BT] accumulators (fla-gen aot)")
-                       for a in ARCH_NAMES)
-_DPLR_DQK_WARPS = tuple(ArchRule(a, 4, "4 warps (measured, H100, profile_op --op rwkv7 4x4096x16x128 bf16: bwd_dqk "
-                                         "8.63 ms at 8 warps, 5.50 at 4 though it spills ~240 B (fla-gen aot), "
-                                         "6.12 at 2)")
-                        for a in ARCH_NAMES)
-# fwd_intra's warps were first measured on its entry-wise path (H100: 2.97 ms at 4, 2.71 at 8, 2.77 at 2);
-# with RWKV-7 gates it now takes the factored dots, where 4 warps beat 8 (2.14 vs 3.27 ms, 2026-11-23,
-# benchmarks/results/2026-11-23_h100_sweep_rwkv7_factored_s5.json). 2 warps were faster still (1.24):
-# the rules stay at one warp group or more, so that is the measured sm90 entry in fla_gen/tuned.py.
-_DPLR_INTRA_WARPS = tuple(ArchRule(a, 4, "4 warps (measured, H100, factored dots: fwd_intra 3.27 ms at 8 warps, "
-                                         "2.14 at 4)")
-                          for a in ARCH_NAMES)
+_DPLR_DA_WARPS = tuple(ArchRule(a, 8, "aot-dplr-da-warps") for a in ARCH_NAMES)
+# The entry-wise pairwise kernels' warps, measured on sm90 (4, the default elsewhere). With RWKV-7 gates
+# fwd_intra takes the factored dots, where 2 warps were faster still: the measured bf16 entries of
+# fla_gen/tuned.py; the rules stay at one warp group or more.
+_DPLR_DQK_WARPS = (ArchRule("sm90", 4, "h100-dplr-dqk-warps"),)
+_DPLR_INTRA_WARPS = (ArchRule("sm90", 4, "h100-dplr-intra-warps"),)
 
-# Measured on the H100 (benchmarks/profile_op.py --op rwkv7 --gate-lower-bound -0.6065, 4x4096x16x128 bf16,
-# FLA_GEN_PLAN_OVERRIDE variants, 2026-11-23): the bounded plan's kernels are latency-bound, and fewer
-# warps let more programs share an SM.
-_DPLR_BOUNDED_DQK = (4, 0, "4 warps (measured, H100: bwd_dqk 3.62 ms at 8 warps, 1.89 at 4; 1.84 at 2 but "
-                           "spilling ~300 B, fla-gen aot)")
-_DPLR_BOUNDED_INTRA = (2, 0, "2 warps (measured, H100: fwd_intra 2.46 ms at 8 warps, 1.17 at 4, 1.10 at 2)")
-_DPLR_BOUNDED_DA = (4, 16, "4 warps, 16-wide V tiles (measured, H100: bwd_dA 1.25 ms at 8 warps x 32, 0.93)")
 
-_DELTA_DH_89 = "1 stage: the whole-K tiles need 98 KB at 2 stages, at the 99 KB limit (measured)"
+def _bounded_rules(num_warps: int, block_v: int) -> tuple[BoundedRule, ...]:
+    """The bounded plan's warps (and V tile) of one kernel on every target: measured on sm90 (the bounded
+    plan's kernels are latency-bound, and fewer warps let more programs share an SM), the same rule elsewhere."""
+    return tuple(BoundedRule(a, num_warps, block_v, "h100-dplr-bounded" if a == "sm90" else "bounded-rule")
+                 for a in ARCH_NAMES)
+
+
+_DPLR_BOUNDED_DQK = _bounded_rules(4, 0)
+_DPLR_BOUNDED_INTRA = _bounded_rules(2, 0)
+_DPLR_BOUNDED_DA = _bounded_rules(4, 16)
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
@@ -290,7 +224,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                whole_k=True),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
-                               max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
+                               max_stages=(ArchRule("sm86", 1, "aot-delta-dh-99k"),
+                                           ArchRule("sm89", 1, "aot-delta-dh-99k"))),
                    KernelShape("bwd_dqk", (("BT", "BV"), ("BT", "BV"), ("BV", "BT"), ("BV", "BT"), ("BV", "BK")),
                                (("BT", "BT"), ("BT", "BT"))),
                    # 4 warps (the default): at 8, wgmma lays out bwd_wy's chained dots apart (MMA->MMA on sm90).
@@ -329,9 +264,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 # size); warps are the 4-warp default, not measured.
 # bwd_wy's dk loop keeps several [BT, BK] fp32 tiles (X, exp(G), k, the two parts of dk) live.
 _CHANNEL_WY_WARPS = tuple(
-    ArchRule(a, 8, "8 warps: at 4 the mma.sync build spills 324 B on sm80 (head dim 128) and 8-52 B on sm89 (head "
-                   "dim 64), at 8 none on sm80 and 0-16 B on sm89 (fla-gen aot, bf16; sm86 taken as sm89)")
-    for a in ("sm80", "sm86", "sm89"))
+    ArchRule(a, 8, "aot-channel-delta-wy-warps") for a in ("sm80", "sm86", "sm89"))
 _CHANNEL_DELTA = Algorithm(
     "chunk_delta_channel", "kernels/chunk_delta.jinja",
     (_CUMSUM, _CHANNEL_A,
@@ -341,12 +274,11 @@ _CHANNEL_DELTA = Algorithm(
      # sm100 (no wgmma): the per-channel k^T factors [K, BT] in fp32 beside the state tile
      KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
                  small_grid_split=WHOLE_K_GRID_SPLIT,
-                 warps=(ArchRule("sm100", 8, "8 warps: at 4 the head-dim-128 walk spills 156-164 B on sm100 (32-44 "
-                                             "B at the split tiles), at 8 none (4-8 B split; fla-gen aot, bf16)"),)),
+                 warps=(ArchRule("sm100", 8, "aot-channel-delta-h-warps"),)),
      KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
      KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                  (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
-                 max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
+                 max_stages=(ArchRule("sm86", 1, "aot-delta-dh-99k"), ArchRule("sm89", 1, "aot-delta-dh-99k"))),
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
      KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
@@ -458,14 +390,24 @@ def _smem_bytes(shape: KernelShape, sizes: dict[str, int], elem: int, stages: in
 
 
 def _arch_rule(rules: tuple[ArchRule, ...], arch: ArchInfo, head_dim: int) -> tuple[int, str] | None:
-    """The (value, reason) of the rule for ``arch`` and head-dim bucket ``head_dim`` in a KernelShape's
+    """The (value, source id) of the rule for ``arch`` and head-dim bucket ``head_dim`` in a KernelShape's
     per-arch overrides, if any."""
-    return next(((r.value, r.reason) for r in rules if r.arch == arch.name and head_dim in r.head_dims), None)
+    return next(((r.value, r.source) for r in rules if r.arch == arch.name and head_dim in r.head_dims), None)
 
 
 def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, most: int, budget: int) -> int:
     """The deepest pipeline (<= ``most``) whose modelled shared memory fits ``budget``; 0 if none."""
     return next((s for s in range(most, 0, -1) if _smem_bytes(shape, sizes, elem, s) <= budget), 0)
+
+
+def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[str], why: str,
+            min_sm_share: float | None = 0.0) -> LaunchConfig:
+    """A LaunchConfig whose source is ``sources`` (ids, duplicates dropped) and whose reason is ``why`` followed
+    by the prose of every id that is not a plain rule of this module (a measurement or a compile-time check)."""
+    ids = [i for i in dict.fromkeys(sources) if i]
+    cited = [i for i in ids if not SOURCES[i].text.startswith("rule")]
+    reason = f"{why}; {explain(','.join(cited))}" if cited else why
+    return LaunchConfig(block_k, block_v, warps, stages, reason, min_sm_share=min_sm_share, source=",".join(ids))
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
@@ -475,43 +417,48 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     pair_tiles kernels take plain dots times [BT, BT] decays)."""
     block = min(64, head_dim)
     warps = 4
+    warps_src = ""  # the default: no source to cite
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
     sub_chunk = min(SUB_CHUNK, chunk_size)
     if shape.sub_chunk:
+        warps_src = "sub-chunk"
         warps_why = f"4 warps (the default, not measured: {sub_chunk}-row dots are mma.sync on every target)"
     if rule := _arch_rule(shape.warps, arch, head_dim):
-        warps, warps_why = rule
+        warps, warps_src = rule
+        warps_why = f"{warps} warps"
     if shape.sub_chunk and not shape.pipelined:
-        return LaunchConfig(block, block, warps, 1,
-                            f"one program per {sub_chunk}-token sub-chunk and {block}-wide K tile (K on the grid): "
-                            f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
-                            f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
-                            f"by entry; {warps_why}")
+        return _config(block, block, warps, 1, ["sub-chunk-loop", warps_src],
+                       f"one program per {sub_chunk}-token sub-chunk and {block}-wide K tile (K on the grid): "
+                       f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
+                       f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
+                       f"by entry; {warps_why}")
     if shape.pair_tiles and row_gate:
-        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the "
-                                              f"[{chunk_size}, {chunk_size}] decays of one gate per token (the "
-                                              f"per-channel gate's tiles, not measured for this path); {warps_why}")
+        return _config(16, 16, warps, 1, ["row-gate-pairs", warps_src],
+                       f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the [{chunk_size}, {chunk_size}] "
+                       f"decays of one gate per token; {warps_why}")
     if shape.pair_tiles and bounded:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
-        return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
-                                              f"fp32 factor tiles: at 32 wide bwd_dqk spills ~100 B, fla-gen aot); "
-                                              f"{warps_why}")
+        return _config(16, 16, warps, 1, ["pair-dots", warps_src],
+                       f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] fp32 factor tiles: at "
+                       f"32 wide bwd_dqk spills ~100 B, fla-gen aot); {warps_why}")
     if shape.pair_tiles:
-        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise "
-                                              f"[BT, BT, 16] fp32 decay tiles under strong gates; {warps_why}")
+        return _config(16, 16, warps, 1, ["pair-blocks", warps_src],
+                       f"K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay "
+                       f"tiles under strong gates; {warps_why}")
     if not shape.pipelined:
         if shape.stage.startswith("recurrent"):
             # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and
             # ~4 backward (dS, S and their products), within 128 per thread on 4 warps.
             per_element = 4 if shape.stage.endswith("bwd") else 2
             bv = max(16, min(64, head_dim, (128 * 32 * warps) // (per_element * head_dim)))
-            return LaunchConfig(head_dim, bv, warps, 1,
-                                f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per "
-                                f"state element stay under 128 per thread (no spills); more programs in flight")
-        return LaunchConfig(block, block, warps, 1, "elementwise pass, nothing to pipeline")
+            return _config(head_dim, bv, warps, 1, ["recurrent"],
+                           f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per state "
+                           f"element stay under 128 per thread (no spills); more programs in flight")
+        return _config(block, block, warps, 1, ["elementwise"], "elementwise pass, nothing to pipeline")
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)
     cap = _arch_rule(shape.max_stages, arch, head_dim)
+    cap_src = [cap[1]] if cap else []
     if shape.whole_k:
         bv = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
         sizes = tile_dims(chunk_size, head_dim, bv)
@@ -520,19 +467,20 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
             raise PlanError(f"kernel {shape.stage} keeps whole-K tiles of {head_dim} ({dtype}) that do not fit "
                             f"{arch.name}'s shared memory")
         used = _smem_bytes(shape, sizes, elem, stages)
-        return LaunchConfig(head_dim, bv, warps, stages,
-                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile in registers: BV = {bv} keeps it "
-                            f"from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; "
-                            f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB; {warps_why}")
-    most, cap_why = (cap[0], f"; {cap[1]}") if cap else (3, "")
+        return _config(head_dim, bv, warps, stages, ["whole-k", *cap_src, warps_src],
+                       f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile in registers: BV = {bv} keeps it "
+                       f"from spilling (fla-gen aot) and gives more programs to the sequential chunk walk; "
+                       f"{stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB; {warps_why}")
+    most = cap[0] if cap else 3
     tiles = [(t, t) for t in (block, block // 2, block // 4)]
     if arch.name in shape.wide_v and head_dim == 2 * block:
         # Not at head dim 256: a [64, 128] tile pair needs 272-305 KB at 2 stages there (fla-gen aot, sm90).
         tiles.insert(0, (block, head_dim))
+    bk_src = []
     if shape.max_block_k:
-        bk_cap, bk_why = shape.max_block_k
+        bk_cap, bk_id = shape.max_block_k
         tiles = [(min(bk, bk_cap), bv) for bk, bv in tiles]
-        cap_why += f"; {bk_why}"
+        bk_src = [bk_id]
     for bk, bv in tiles:
         sizes = tile_dims(chunk_size, bk, bv)
         if stages := _most_stages_that_fit(shape, sizes, elem, most, budget):
@@ -540,61 +488,71 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
             wide = " (one V tile: the [BT, BT] product serves all of V at once)" if bv > block else ""
             what = (f"one program per {sub_chunk}-token sub-chunk, K in {bk}-wide tiles" if shape.sub_chunk
                     else f"{bk}x{bv} tiles{wide}")
-            return LaunchConfig(bk, bv, warps, stages,
-                                f"{what}, {stages} stage(s): ~{used // 1024} KB of "
-                                f"{arch.smem_per_block // 1024} KB shared memory{cap_why}; {warps_why}")
+            rule = ["wide-v"] if bv > block else []
+            return _config(bk, bv, warps, stages, ["tiles", *rule, *cap_src, *bk_src, warps_src],
+                           f"{what}, {stages} stage(s): ~{used // 1024} KB of {arch.smem_per_block // 1024} KB "
+                           f"shared memory; {warps_why}")
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
 def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
                     head_dim: int, chunk_size: int) -> LaunchConfig:
     """The config of fwd_fused, the forward that walks the chunks with a whole-K state and writes the outputs
-    in one kernel: the measured tiles of FUSED_WALK_TILES (algorithm, a gate or not, head dim), their V tile halved (to
-    16) until 2 or more pipeline stages fit the target's shared memory, and the share of the SMs its grid must
-    reach at run time (FUSED_WALK_SHARE); min_sm_share None on a target outside FUSED_WALK_ARCHS or where no
-    tile fits (the launcher then always takes fwd_h + fwd_o)."""
+    in one kernel: the measured entry of fla_gen/tuned.py FUSED_WALK for the target (algorithm, a gate or not,
+    head dim), its V tile halved (to 16) until 2 or more pipeline stages fit the target's shared memory, with
+    the share of the SMs its grid must reach at run time; min_sm_share None on a target without an entry, where
+    it measured slower, or where no tile fits (the launcher then always takes fwd_h + fwd_o)."""
     gated = kernel_features(rec).any_decay
-    tiles = FUSED_WALK_TILES[(algorithm, gated, head_dim)]
-    if tiles is None:
-        return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was no faster than fwd_h + fwd_o on "
-                                         f"any grid measured ({_FUSED_WALK_MEASURED})")
-    if arch.name not in FUSED_WALK_ARCHS:
-        return _never_launched(head_dim, "measured on the H100 only, and on the mma.sync targets its tiles spill "
-                                         "(fla-gen aot)")
-    block_v, warps, stages = tiles
-    share, share_why = FUSED_WALK_SHARE[(algorithm, gated)]
+    if arch.name not in FUSED_WALK:
+        return _never_launched(head_dim, "fused-walk-unmeasured", "not measured on this target, and on the "
+                                                                  "mma.sync targets its tiles spill (fla-gen aot)")
+    walk = FUSED_WALK[arch.name][(algorithm, gated, head_dim)]
+    if walk.min_sm_share is None:
+        return _never_launched(head_dim, walk.source, f"with a gate at head dim {head_dim} it was no faster than "
+                                                      f"fwd_h + fwd_o on any grid measured")
     # The whole limit, not the 0.8 of plan_kernel: the measured [256, 32] at 3 stages models at 225 KB and
     # builds at 217 KB of sm90's 227 KB (fla-gen aot, which checks every planned build against the limit).
     budget = arch.smem_per_block
     elem = _element_bytes(dtype)
-    bv = min(block_v, head_dim)
+    bv = min(walk.block_v, head_dim)
     while bv >= 16:
         sizes = tile_dims(chunk_size, head_dim, bv)
-        fit = _most_stages_that_fit(shape, sizes, elem, stages, budget)
+        fit = _most_stages_that_fit(shape, sizes, elem, walk.num_stages, budget)
         if fit >= 2:
             used = _smem_bytes(shape, sizes, elem, fit)
-            return LaunchConfig(head_dim, bv, warps, fit,
-                                f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {warps} warps, {fit} stages "
-                                f"(~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
-                                f"{'with' if gated else 'without'} a gate: {_FUSED_WALK_MEASURED}; {share_why}",
-                                min_sm_share=share)
+            return _config(head_dim, bv, walk.num_warps, fit, ["fused-walk", walk.source],
+                           f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {walk.num_warps} warps, {fit} "
+                           f"stages (~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
+                           f"{'with' if gated else 'without'} a gate; taken while its V / BV * N*H programs reach "
+                           f"{walk.min_sm_share}x the GPU's SMs (launch.fused_walk_block_v), else fwd_h + fwd_o",
+                           min_sm_share=walk.min_sm_share)
         bv //= 2
-    return _never_launched(head_dim, f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s shared memory "
-                                     f"in {dtype}")
+    return _never_launched(head_dim, "fused-walk-no-fit", f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s "
+                                                          f"shared memory in {dtype}")
 
 
-def _never_launched(head_dim: int, why: str) -> LaunchConfig:
+def _never_launched(head_dim: int, source: str, why: str) -> LaunchConfig:
     """A fwd_fused config the launcher never takes (min_sm_share None): the forward is fwd_h + fwd_o."""
-    return LaunchConfig(head_dim, 16, 4, 1, f"never taken: {why}; fwd_h + fwd_o", min_sm_share=None)
+    return _config(head_dim, 16, 4, 1, [source], f"never taken: {why}; fwd_h + fwd_o", min_sm_share=None)
 
 
-def _bounded_config(rule: tuple[int, int, str] | None, cfg: LaunchConfig) -> LaunchConfig:
-    """``cfg`` with a KernelShape's measured bounded-plan warps (and V tile) applied."""
+def _bounded_config(rules: tuple[BoundedRule, ...], arch: str, cfg: LaunchConfig) -> LaunchConfig:
+    """``cfg`` with a KernelShape's bounded-plan warps (and V tile) for ``arch`` applied."""
+    rule = next((r for r in rules if r.arch == arch), None)
     if rule is None:
         return cfg
-    warps, block_v, why = rule
-    reason = why if block_v else f"{cfg.reason.split(';')[0]}; {why}"
-    return LaunchConfig(cfg.block_k, block_v or cfg.block_v, warps, cfg.num_stages, reason)
+    why = f"{cfg.reason.split(';')[0]}; {rule.num_warps} warps" + (f", {rule.block_v}-wide V" if rule.block_v else "")
+    return _config(cfg.block_k, rule.block_v or cfg.block_v, rule.num_warps, cfg.num_stages,
+                   [cfg.source.split(",")[0], rule.source], why)
+
+
+def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> LaunchConfig:
+    """``cfg`` with a walk's run-time split rule (and its measurement, on the target it was measured on) cited."""
+    if split is None:
+        return cfg
+    ids = [i for i in split if speaks_for(i, arch)]
+    reason = f"{cfg.reason}; {explain(','.join(ids))}"
+    return replace(cfg, reason=reason, source=",".join(dict.fromkeys([*cfg.source.split(","), *ids])))
 
 
 def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
@@ -635,9 +593,9 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
                      else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
                      or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec))) for k in algo.kernels)
     if bounded:
-        kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
-                                                                                             strict=True))
-    kernels = tuple((stage, replace(cfg, reason=f"{cfg.reason}; {k.small_grid_split}") if k.small_grid_split else cfg)
+        kernels = tuple((stage, _bounded_config(k.bounded, arch_name, cfg))
+                        for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
+    kernels = tuple((stage, _with_split(cfg, k.small_grid_split, arch_name))
                     for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 

@@ -1,22 +1,12 @@
-"""Test setup: generated kernels run in Triton's interpreter on the CPU.
+"""Shared test setup: the repository root on sys.path (for ``tests.support`` and ``generated``).
 
-TRITON_INTERPRET must be set before triton or any generated module is imported, so it is set
-here, at collection time. Tests that compile for real GPU targets run in a subprocess
-without it (see test_aot_matrix.py).
+Triton's interpreter is switched on only in the folders whose tests run kernels: tests/kernels and
+tests/integration (their conftest.py; tests/interpreter.py says why it must happen before an import).
+Tests that compile for real GPU targets (tests/aot) run the compiler in a subprocess without it.
 """
 
-import os
 import sys
 from pathlib import Path
-
-# FLA_GEN_TEST_DEVICE=cuda runs the device-agnostic tests (validation) on a GPU with real kernels.
-TEST_DEVICE = os.environ.get("FLA_GEN_TEST_DEVICE", "cpu")
-if TEST_DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-else:
-    import torch
-
-    torch.set_default_device(TEST_DEVICE)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:

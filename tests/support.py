@@ -110,3 +110,18 @@ def import_with_fla(module_name: str, fla):
         else:
             sys.modules["fla"] = saved
     return module
+
+
+def spy_on_launch(monkeypatch, name: str) -> list:
+    """What every call of fla_gen.runtime.launch.<name> returns while the test runs, in order."""
+    from fla_gen.runtime import launch
+
+    picked = []
+    real = getattr(launch, name)
+
+    def spy(*args):
+        picked.append(real(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(launch, name, spy)
+    return picked

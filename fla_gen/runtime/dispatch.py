@@ -146,8 +146,8 @@ def apply_plan_override(plan: Plan) -> Plan:
     if unknown:
         raise ValueError(f"plan override names kernel(s) {unknown} that this op's plan does not have; known: {stages}")
     kernels = tuple(
-        (name, dataclasses.replace(cfg, **override[name], reason=f"override {override[name]} ({cfg.reason})",
-                                   pinned=True))
+        (name, dataclasses.replace(cfg, **override[name], pinned=True,
+                                   reason=f"override {override[name]} ({cfg.reason or cfg.source})"))
         if name in override else (name, cfg)
         for name, cfg in plan.kernels
     )

@@ -99,10 +99,10 @@ def whole_k_walk_block_v(block_v: int, V: int, walks: int, sms: int) -> int:
     """The V tile of a sequential walk that holds all of K in one state tile (grid (V / BV, walks)): the
     plan's, halved (never below 16) while the grid fills at most half of ``sms``. K cannot split there
     (v_new = U - W h contracts over it), so only V gives programs. Measured on the H100 (fwd_h of the
-    delta family, benchmarks/RESULTS.md session 7): at 1x16384x16x128, 64 programs on 132 SMs, BV 32 -> 16
+    delta family; fla_gen/measurements.py, h100-split-whole-k): at 1x16384x16x128, 64 programs on 132 SMs, BV 32 -> 16
     took fwd_h 0.452 -> 0.420 ms (delta_rule) and 0.690 -> 0.634 (gated_delta_rule); at 2x8192x8x256, 128
     programs, BV 16 measured 0.589 ms against 0.353-0.374 at 32, hence half the SMs, not all of them. The
-    backward walk (bwd_dh) splits by the same rule: 0.349 -> 0.294 ms at 1x16384x16x128 (session 8).
+    backward walk (bwd_dh) splits by the same rule: 0.349 -> 0.294 ms at 1x16384x16x128.
     ``walks``: sequences times heads (N * H); ``sms`` 0 (CPU, or a pinned plan) keeps the plan's tile."""
     BV = block_v
     while 2 * cdiv(V, BV) * walks <= sms and BV > WHOLE_K_WALK_MIN_BLOCK_V:
@@ -176,13 +176,13 @@ def factor_span(dtype: torch.dtype) -> float:
 
 
 # fp32 values per program of the per-row transform kernels and per thread, per direction. Measured on the
-# H100 at 4x4096x16x128 bf16 (gated_delta_rule_rope's transforms, each kernel alone; benchmarks/RESULTS.md,
-# session 8), with rope's partner channels read by a second load instead of a tl.gather:
+# H100 at 4x4096x16x128 bf16 (gated_delta_rule_rope's transforms, each kernel alone; docs/performance.md),
+# with rope's partner channels read by a second load instead of a tl.gather:
 # - forward: 2048 (16 rows of 128 on 4 warps), 16 per thread: 0.104 ms (2.6 TB/s, 88% of a copy), against
 #   0.157 at 8 rows and 0.156 at 16 rows on 8 warps;
 # - backward: 1024 (8 rows of 128 on 4 warps), 8 per thread: 0.214 ms. 16 rows on 4 warps measured 0.167,
 #   but spilled 20 B on sm89 and sm90 in the backward of an interleaved-rope spec
-#   (tests/test_transforms.py), and 8 per thread is the tile with no spill anywhere.
+#   (tests/kernels/test_transforms.py), and 8 per thread is the tile with no spill anywhere.
 ROW_TILE_ELEMENTS = {"fwd": 2048, "bwd": 1024}
 ROW_TILE_PER_THREAD = {"fwd": 16, "bwd": 8}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Plans are tabulated per padded head dim: the smallest bucket that holds max(K, V).
 HEAD_DIM_BUCKETS = (64, 128, 256)
@@ -25,13 +25,16 @@ class LaunchConfig:
 
     ``block_k``/``block_v`` tile the key and value head dims; a tile never exceeds the
     padded head dim (the launcher clamps it with ``min(block, next_power_of_2(dim))``).
+    ``source``: where the values come from, comma-separated ids of fla_gen/measurements.py (rules,
+    compile-time checks, GPU measurements); generated tables keep it. ``reason``: the planner's prose
+    for ``fla-gen plan``, not part of a config's identity and not written into generated tables.
     """
 
     block_k: int
     block_v: int
     num_warps: int
     num_stages: int
-    reason: str = ""
+    reason: str = field(default="", compare=False)
     # Set by a plan override (an experiment): the launcher uses these tiles as given, with no
     # run-time adjustment (launch.split_sm_count).
     pinned: bool = False
@@ -39,6 +42,7 @@ class LaunchConfig:
     # grid must reach, narrowing its V tile if need be (launch.fused_walk_block_v); 0: always taken,
     # None: never (not measured on the target, measured slower, or it does not fit).
     min_sm_share: float | None = 0.0
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,9 @@ class Plan:
     dtype: str
     head_dim: int
     chunk_size: int
-    chunk_size_reason: str
-    kernels: tuple[tuple[str, LaunchConfig], ...]
+    # the planner's prose for ``fla-gen plan``; not written into generated tables
+    chunk_size_reason: str = field(default="", compare=False)
+    kernels: tuple[tuple[str, LaunchConfig], ...] = ()
     # A lower bound on the log gates that this plan relies on (None: the plan is safe for any gate).
     gate_bound: float | None = None
 
@@ -72,3 +77,12 @@ def same_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, dtype: s
     equal the bf16 ones: the planner's rules depend on the element size, not the format)."""
     return {(arch, dtype, hd): dataclasses.replace(p, dtype=dtype)
             for (arch, d, hd), p in plans.items() if d == source and (arch, hd) not in unless}
+
+
+def same_arch_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, arch: str,
+                       unless: tuple[tuple[str, int], ...] = ()) -> dict[tuple[str, str, int], Plan]:
+    """An ``arch`` row for every ``source`` row of ``plans`` whose (dtype, head dim) is not in ``unless``: the
+    same plan with only its arch changed (generated tables write a target's rows this way when they equal an
+    earlier target's: the same limits, rules and measurements)."""
+    return {(arch, d, hd): dataclasses.replace(p, arch=arch)
+            for (a, d, hd), p in plans.items() if a == source and (d, hd) not in unless}

@@ -1,0 +1,560 @@
+#!/usr/bin/env python3
+"""Time the generated ops against fla-core and PyTorch SDPA: op x shape preset -> Markdown, JSON, a plot.
+
+    python benchmarks/run.py                                    # every op, every preset
+    python benchmarks/run.py --ops gla,delta_rule --presets standard,long --out bench_out
+
+How each number is measured (the same for every op, library and shape):
+- One fresh subprocess per shape, which times every requested op at that shape: ours (``generated.<pkg>``),
+  fla-core (``fla.ops``, skipped with a note when it is not installed) and, for dense shapes, SDPA causal
+  softmax attention at the same B, T, H, D.
+- Both libraries are warmed in that process before any timing: their first forward and first backward
+  (Triton compiles, fla's autotune), then a second forward and backward.
+- Then ``--rounds`` rounds, alternating ours, fla, ours, fla, ...: each round times ours and then fla with
+  ``triton.testing.do_bench`` (median of its repetitions). A GPU that slows down or speeds up for a stretch
+  then shows as a spread between rounds instead of landing on one library. SDPA is timed once per shape.
+- The reported fla/ours ratio is the WORST over the rounds, min_r fla[r] / ours[r]: a ratio above 1 holds in
+  every round. The times shown are the medians over the rounds; the JSON keeps every round.
+- Memory floor: the bytes a forward must read and write (every input once, the output once; a decode step
+  also reads and writes the fp32 state) over the device-to-device copy bandwidth measured in the same
+  process (a 1 GiB copy, bytes read + written). ``ours/floor`` is ours' forward over that time.
+- Inputs (benchmarks/_ops.py): q, k, v ~ randn in bf16; log gates g = logsigmoid(randn) / 16 in fp32; the
+  delta family's keys l2-normalized over the head dim (as fla's tests do), beta = sigmoid(randn);
+  DPLR / RWKV-7 decays -exp(-0.5) sigmoid(randn) in fp32. The forward is timed with autograd on (a
+  training forward); forward+backward backpropagates a fixed random ``do``.
+
+Presets: ``standard`` (4x4096x16x128, 8x2048x32x64, 1x16384x16x128, 2x8192x8x256), ``long`` (B = 1,
+T = 16384 / 65536 / 131072, H = 16, D = 128), ``varlen`` (32 sequences of 256..8192 tokens, seed 0, packed
+through cu_seqlens, H = 16, D = 128), ``decode`` (the fused_recurrent ops at T = 1, B = 64, H = 16,
+D = 128, fp32 state in and out, no autograd). ``--shapes`` adds shapes in the same notation: ``BxTxHxD``,
+``varlen:NxMIN-MAXxHxD``, ``decode:BxHxD``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _p in (str(ROOT), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import _ops  # noqa: E402
+
+LIBS = ("ours", "fla", "sdpa")
+MODES = ("fwd", "fwdbwd")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark shape. ``kind``: dense ([B, T, H, D] inputs), varlen (``lengths`` packed into B = 1
+    through cu_seqlens) or decode (T = 1 through the fused_recurrent ops, state in and out)."""
+
+    kind: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    lengths: tuple[int, ...] = ()
+    # varlen: the range the lengths were drawn from, (MIN, MAX)
+    span: tuple[int, int] = (0, 0)
+
+    @property
+    def name(self) -> str:
+        d = f"{self.K}" if self.K == self.V else f"{self.K}x{self.V}"
+        if self.kind == "varlen":
+            return f"varlen:{len(self.lengths)}x{self.span[0]}-{self.span[1]}x{self.H}x{d}"
+        if self.kind == "decode":
+            return f"decode:{self.B}x{self.H}x{d}"
+        return f"{self.B}x{self.T}x{self.H}x{d}"
+
+
+# Lengths of the varlen preset: drawn once with this seed, so every run packs the same batch.
+VARLEN_SEED = 0
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "standard": _ops.SHAPE_PRESETS["standard"],
+    "long": ("1x16384x16x128", "1x65536x16x128", "1x131072x16x128"),
+    "varlen": ("varlen:32x256-8192x16x128",),
+    "decode": ("decode:64x16x128",),
+}
+
+
+def varlen_lengths(n: int, lo: int, hi: int, seed: int = VARLEN_SEED) -> tuple[int, ...]:
+    """``n`` sequence lengths drawn uniformly from [lo, hi] with a fixed seed (the same in every process)."""
+    rng = random.Random(seed)
+    return tuple(rng.randint(lo, hi) for _ in range(n))
+
+
+def parse_shape(text: str) -> Shape:
+    """'4x4096x16x128' (dense, K = V), '4x4096x16x128x64' (K, V), 'varlen:32x256-8192x16x128' or
+    'decode:64x16x128' -> Shape; ValueError naming the text otherwise."""
+    kind, _, body = text.rpartition(":")
+    kind = kind or "dense"
+    try:
+        if kind == "varlen":
+            n, span, h, *d = body.split("x")
+            lo, hi = (int(x) for x in span.split("-"))
+            if not 0 < lo <= hi:
+                raise ValueError
+            lengths = varlen_lengths(int(n), lo, hi)
+            K, V = (int(d[0]), int(d[-1]))
+            return Shape("varlen", 1, sum(lengths), int(h), K, V, lengths, (lo, hi))
+        if kind == "decode":
+            b, h, *d = (int(x) for x in body.split("x"))
+            return Shape("decode", b, 1, h, d[0], d[-1])
+        if kind == "dense":
+            B, T, H, K, V = _ops.parse_shape(body)
+            return Shape("dense", B, T, H, K, V)
+    except (ValueError, IndexError):
+        pass
+    raise ValueError(f"shape {text!r}: expected BxTxHxD, BxTxHxKxV, varlen:NxMIN-MAXxHxD or decode:BxHxD")
+
+
+def parse_shapes(presets: str, shapes: str) -> list[Shape]:
+    """The shapes of the comma-separated ``presets`` then ``shapes``, in order, duplicates dropped;
+    ValueError naming an unknown preset."""
+    out: list[Shape] = []
+    for p in (x for x in presets.split(",") if x):
+        if p not in PRESETS:
+            raise ValueError(f"unknown preset {p!r}; known: {', '.join(PRESETS)}")
+        out += [parse_shape(s) for s in PRESETS[p]]
+    out += [parse_shape(s) for s in shapes.split(",") if s]
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the arithmetic the tables report (pure: tests/tools covers it)
+
+
+def floor_ms(nbytes: int, copy_tbs: float) -> float:
+    """Milliseconds to move ``nbytes`` at ``copy_tbs`` TB/s (the copy bandwidth, bytes read + written)."""
+    return nbytes / (copy_tbs * 1e12) * 1e3
+
+
+def copy_tbs(copied_bytes: int, ms: float) -> float:
+    """The bandwidth of a copy of ``copied_bytes`` that took ``ms``: bytes read + written per second, in TB/s."""
+    return 2 * copied_bytes / (ms * 1e-3) / 1e12
+
+
+def worst_ratio(ours: list[float], fla: list[float]) -> float | None:
+    """The worst fla/ours ratio over the rounds: min over r of fla[r] / ours[r] (round r timed both, in
+    alternation). None without a complete pair of rounds."""
+    pairs = [(o, f) for o, f in zip(ours, fla, strict=False) if o and f]
+    if not pairs or len(ours) != len(fla):
+        return None
+    return min(f / o for o, f in pairs)
+
+
+def summarize(row: dict) -> dict:
+    """Derived columns of one (op, shape) row: median ms per library and mode, the worst fla/ours ratio per
+    mode, the forward's memory floor and ours over it."""
+    out: dict = {}
+    for mode in MODES:
+        for lib in LIBS:
+            rounds = row.get(lib, {}).get(mode)
+            out[f"{lib}_{mode}_ms"] = statistics.median(rounds) if rounds else None
+        out[f"ratio_{mode}"] = worst_ratio(row.get("ours", {}).get(mode) or [], row.get("fla", {}).get(mode) or [])
+    if row.get("bytes_fwd") and row.get("copy_tbs"):
+        out["floor_fwd_ms"] = floor_ms(row["bytes_fwd"], row["copy_tbs"])
+        if out["ours_fwd_ms"]:
+            out["ours_over_floor"] = out["ours_fwd_ms"] / out["floor_fwd_ms"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the worker: one shape, every op, in a fresh process
+
+
+def _timer(device: str, quick: bool):
+    """Median milliseconds of fn(): do_bench on CUDA, a perf_counter loop on the CPU (``--fake`` plumbing)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        from triton.testing import do_bench
+
+        warmup, rep = (5, 20) if quick else (25, 100)
+        return lambda fn, grads=None: float(do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grads,
+                                                     return_mode="median"))
+
+    def cpu(fn, grads=None):
+        ts = []
+        for _ in range(3):
+            for t in grads or ():
+                t.grad = None
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return sorted(ts)[1]
+    return cpu
+
+
+def _measure_copy(device: str, bench) -> float:
+    """The device-to-device copy bandwidth in TB/s (1 GiB on a GPU, 64 MiB on the CPU)."""
+    import torch
+
+    n = (1 << 30) if device != "cpu" else (1 << 26)
+    x = torch.empty(n // 4, device=device).normal_()
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return copy_tbs(n, ms)
+
+
+def _nbytes(tensors) -> int:
+    import torch
+
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _op_calls(op, shape: Shape, spec: dict):
+    """(calls, bytes_fwd, notes): per library a dict mode -> (fn, leaves to reset), for one op at one shape."""
+    import torch
+
+    device = spec["device"]
+    dtype = torch.float32 if spec["fake"] else getattr(torch, spec["dtype"])
+    decode = shape.kind == "decode"
+    dims = (shape.B, shape.T, shape.H, shape.K, shape.V)
+    seed = _ops.seed_for(spec["seed"], op.name, shape.name)
+    names, args, kwargs = _ops.make_inputs(op, dims, dtype, device, seed, gate_dtype=torch.float32,
+                                           requires_grad=not decode)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 1)
+    do = torch.randn(*dims[:3], shape.V, generator=gen, device=device).to(dtype)
+    call_kw: dict = {"scale": _ops.scale_for(op, shape.K), **kwargs}
+    if shape.kind == "varlen":
+        cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], dtype=torch.int64)
+        call_kw["cu_seqlens"] = cu.to(device)
+    state_bytes = 0
+    if decode:
+        h0 = torch.randn(shape.B, shape.H, shape.K, shape.V, generator=gen, device=device)
+        call_kw.update(initial_state=h0, output_final_state=True)
+        state_bytes = 2 * _nbytes([h0])
+    bytes_fwd = _nbytes(args) + _nbytes(kwargs.values()) + shape.B * shape.T * shape.H * shape.V * dtype.itemsize
+    bytes_fwd += state_bytes
+    mode_name = "fused_recurrent" if decode else "chunk"
+    calls, notes = {}, {}
+    for lib in ("ours", "fla"):
+        if lib not in spec["libs"]:
+            continue
+        try:
+            fn = (_ops.resolve_ours if lib == "ours" else _ops.resolve_fla)(op, mode_name, spec["fake"])
+        except Exception as e:
+            notes[lib] = _ops.err_text(e, 200)
+            continue
+        if lib == "ours" and shape.kind == "varlen":
+            fn = _with_cpu_seqlens(fn, call_kw["cu_seqlens"].cpu())
+
+        def fwd(fn=fn):
+            if decode:
+                with torch.no_grad():
+                    return fn(*args, **call_kw)
+            return fn(*args, **call_kw)
+
+        def fwd_bwd(fwd=fwd):
+            fwd()[0].backward(do)
+
+        calls[lib] = {"fwd": (fwd, None)} if decode else {"fwd": (fwd, None), "fwdbwd": (fwd_bwd, args)}
+    return calls, bytes_fwd, notes
+
+
+def _with_cpu_seqlens(fn, cu_cpu):
+    """Our op with ``cu_seqlens_cpu`` passed too, so its validation never syncs the GPU."""
+    def call(*a, **kw):
+        return fn(*a, **kw, cu_seqlens_cpu=cu_cpu)
+    return call
+
+
+def _sdpa_calls(shape: Shape, spec: dict):
+    """SDPA causal forward and forward+backward at a dense shape's B, T, H, D."""
+    import torch
+    import torch.nn.functional as F
+
+    device = spec["device"]
+    dtype = torch.float32 if spec["fake"] else getattr(torch, spec["dtype"])
+    gen = torch.Generator(device=device)
+    gen.manual_seed(spec["seed"])
+    qkv = [torch.randn(shape.B, shape.T, shape.H, d, generator=gen, device=device).to(dtype).requires_grad_(True)
+           for d in (shape.K, shape.K, shape.V)]
+    do = torch.randn(shape.B, shape.H, shape.T, shape.V, generator=gen, device=device).to(dtype)
+
+    def fwd():
+        q, k, v = (t.transpose(1, 2) for t in qkv)  # [B, H, T, D] views of [B, T, H, D]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        fwd().backward(do)
+    return {"fwd": (fwd, None), "fwdbwd": (fwd_bwd, qkv)}
+
+
+def _warm(calls: dict, row: dict, lib: str) -> dict:
+    """Each mode's first and second call (compile, autotune, first backward); a mode that raises is dropped,
+    its error the library's note for that mode (e.g. fla's refusal of a gated backward: its forward still
+    runs). Returns the modes that work."""
+    t0 = time.perf_counter()
+    ok = {}
+    for mode, (fn, grads) in calls.items():
+        try:
+            for _ in range(2):
+                fn()
+                for t in grads or ():
+                    t.grad = None
+            _ops.sync(row["_device"])
+            ok[mode] = (fn, grads)
+        except Exception as e:
+            row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
+    row.setdefault("warmup_s", {})[lib] = round(time.perf_counter() - t0, 2)
+    return ok
+
+
+def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
+    """Every round of ours and fla (alternating) and SDPA for one op at one shape; see the module doc."""
+    row: dict = {"op": op.name, "shape": shape.name, "kind": shape.kind, "_device": spec["device"]}
+    try:
+        calls, row["bytes_fwd"], notes = _op_calls(op, shape, spec)
+    except Exception as e:
+        row["notes"] = {"ours": f"inputs: {_ops.err_text(e, 200)}"}
+        return row
+    if notes:
+        row["notes"] = notes
+    calls = {lib: _warm(modes, row, lib) for lib, modes in calls.items()}
+    libs = [lib for lib in ("ours", "fla") if calls.get(lib)]
+    for _ in range(spec["rounds"]):
+        for lib in libs:
+            for mode, (fn, grads) in calls[lib].items():
+                try:
+                    row.setdefault(lib, {}).setdefault(mode, []).append(bench(fn, grads))
+                except Exception as e:  # e.g. fla's refusal of a gated backward on Hopper
+                    row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
+    # a mode that failed in some round has no complete series: drop it, keep the note
+    for lib in libs:
+        for mode in list(row.get(lib, {})):
+            if len(row[lib][mode]) != spec["rounds"]:
+                del row[lib][mode]
+    return row
+
+
+def worker(spec: dict) -> None:
+    """One shape in this process: the copy bandwidth, then every op; writes spec['result'] (JSON)."""
+    import torch
+
+    shape = Shape(**{**spec["shape"], "lengths": tuple(spec["shape"]["lengths"]), "span": tuple(spec["shape"]["span"])})
+    bench = _timer(spec["device"], spec["quick"])
+    out: dict = {"shape": shape.name, "rows": [], "device_name": (torch.cuda.get_device_name()
+                                                                  if spec["device"] == "cuda" else "cpu")}
+    out["copy_tbs"] = _measure_copy(spec["device"], bench)
+    sdpa = None
+    if "sdpa" in spec["libs"] and shape.kind == "dense":
+        try:
+            sc = _sdpa_calls(shape, spec)
+            for fn, grads in sc.values():
+                fn()
+                for t in grads or ():
+                    t.grad = None
+            sdpa = {mode: [bench(fn, grads)] for mode, (fn, grads) in sc.items()}
+            del sc
+        except Exception as e:
+            sdpa = {"note": _ops.err_text(e, 200)}
+    for name in spec["ops"]:
+        row = measure_op(_ops.OPS[name], shape, spec, bench)
+        row.pop("_device")
+        row["copy_tbs"] = out["copy_tbs"]
+        if sdpa and "note" not in sdpa:
+            row["sdpa"] = sdpa
+        elif sdpa:
+            row.setdefault("notes", {})["sdpa"] = sdpa["note"]
+        out["rows"].append(row)
+        Path(spec["result"]).write_text(json.dumps(out, indent=1))
+        if spec["device"] == "cuda":
+            torch.cuda.empty_cache()
+    Path(spec["result"]).write_text(json.dumps(out, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the parent: one subprocess per shape, then the report
+
+
+def run_shape(shape: Shape, args, workdir: Path) -> dict:
+    """Run one shape's worker in a fresh process; a crash or timeout becomes the shape's note."""
+    result = workdir / f"{shape.name.replace(':', '_')}.json"
+    spec = {"shape": asdict(shape), "ops": args.ops, "libs": args.libs, "rounds": args.rounds,
+            "dtype": args.dtype, "device": args.device, "fake": args.fake, "quick": args.quick,
+            "seed": args.seed, "result": str(result)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    note = None
+    try:
+        proc = subprocess.run(cmd, cwd=str(ROOT), timeout=args.timeout, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            note = f"worker exited {proc.returncode}: {tail[0][:200]}"
+    except subprocess.TimeoutExpired:
+        note = f"worker timed out after {args.timeout} s"
+    data = json.loads(result.read_text()) if result.exists() else {"shape": shape.name, "rows": []}
+    if note:
+        data["note"] = note
+    return data
+
+
+def build_report(shape_results: list[dict], meta: dict) -> dict:
+    """The JSON report: meta (versions, command, method) and one row per (op, shape) with its rounds and the
+    derived columns of summarize()."""
+    rows, notes = [], {}
+    for res in shape_results:
+        if res.get("note"):
+            notes[res["shape"]] = res["note"]
+        for row in res["rows"]:
+            rows.append({**row, **summarize(row)})
+    devices = sorted({r["device_name"] for r in shape_results if r.get("device_name")})
+    return {"meta": {**meta, "device": ", ".join(devices)}, "rows": rows, "shape_notes": notes}
+
+
+def _ratio_cell(x: float | None) -> str:
+    return "-" if x is None else (f"**{x:.2f}**" if x < 1.0 else f"{x:.2f}")
+
+
+def render_markdown(report: dict) -> str:
+    """One Markdown table per shape kind: ms per library and mode, worst fla/ours, floor and ours/floor;
+    footnotes for every missing cell."""
+    meta = report["meta"]
+    lines = [f"# Benchmark: {meta.get('device') or 'unknown device'}", "",
+             f"torch {meta.get('torch')}, Triton {meta.get('triton')}, fla-core {meta.get('fla') or 'not installed'}, "
+             f"{meta.get('dtype')}, {meta.get('rounds')} rounds. `{meta.get('command')}`", "",
+             "ms: median over the rounds of do_bench medians. fla/ours: the worst round (min over rounds of fla / ours "
+             "timed in alternation; > 1: ours faster; **bold** below 1). floor: inputs read once and the output "
+             "written once at the copy bandwidth measured in the same process.", ""]
+    hdr = ["op", "shape", "ours fwd", "fla fwd", "fla/ours fwd", "ours f+b", "fla f+b", "fla/ours f+b",
+           "sdpa fwd", "sdpa f+b", "floor fwd", "ours/floor"]
+    footnotes: list[str] = []
+    for kind in ("dense", "varlen", "decode"):
+        rows = [r for r in report["rows"] if r.get("kind") == kind]
+        if not rows:
+            continue
+        lines += [f"## {kind}", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+        for r in rows:
+            cells = [r["op"], r["shape"]]
+            for key in ("ours_fwd_ms", "fla_fwd_ms"):
+                cells.append(_ops.fmt(r.get(key)))
+            cells.append(_ratio_cell(r.get("ratio_fwd")))
+            for key in ("ours_fwdbwd_ms", "fla_fwdbwd_ms"):
+                cells.append(_ops.fmt(r.get(key)))
+            cells.append(_ratio_cell(r.get("ratio_fwdbwd")))
+            cells += [_ops.fmt(r.get("sdpa_fwd_ms")), _ops.fmt(r.get("sdpa_fwdbwd_ms")),
+                      _ops.fmt(r.get("floor_fwd_ms"), 4), _ops.fmt(r.get("ours_over_floor"), 2)]
+            for lib, why in sorted(r.get("notes", {}).items()):
+                footnotes.append(f"- {r['op']} {r['shape']}, {lib}: {why}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    for shape, why in report.get("shape_notes", {}).items():
+        footnotes.append(f"- {shape}: {why}")
+    if footnotes:
+        lines += ["Notes:", ""] + footnotes + [""]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> str:
+    """fla/ours (worst round) and ours/floor per op and shape as a PNG; a message instead without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    rows = report["rows"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(shapes)) * 2, 5))
+    width = 0.8 / max(len(ops), 1)
+    for ax, key, title in ((axes[0], "ratio_fwd", "fla / ours, forward (worst round; > 1: ours faster)"),
+                           (axes[1], "ours_over_floor", "ours / memory floor, forward")):
+        for i, op in enumerate(ops):
+            ys = [next((r.get(key) for r in rows if r["op"] == op and r["shape"] == s), None) for s in shapes]
+            ax.bar([j + i * width for j in range(len(shapes))], [y if y is not None else math.nan for y in ys],
+                   width, label=op)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=30, ha="right")
+        ax.set_title(title)
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"plot: {path}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--ops", default=",".join(_ops.OPS), help=f"comma-separated, from: {', '.join(_ops.OPS)}")
+    p.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated, from: {', '.join(PRESETS)}")
+    p.add_argument("--shapes", default="", help="more shapes: BxTxHxD, varlen:NxMIN-MAXxHxD, decode:BxHxD")
+    p.add_argument("--libs", default=",".join(LIBS), help="subset of ours,fla,sdpa")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds of ours and fla (the worst is reported)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for results.{md,json,png}")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per shape's process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="shorter do_bench (5 ms warm-up, 20 ms)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--fake", action="store_true", help="CPU stand-ins for every op: the plumbing only, no GPU")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return args
+    args.ops = _ops.parse_ops(args.ops)
+    args.libs = [x for x in args.libs.split(",") if x]
+    if unknown := [x for x in args.libs if x not in LIBS]:
+        p.error(f"unknown library {unknown[0]!r}; known: {', '.join(LIBS)}")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    try:
+        args.shape_list = parse_shapes(args.presets, args.shapes)
+    except ValueError as e:
+        p.error(str(e))
+    if not args.shape_list:
+        p.error("no shapes: give --presets or --shapes")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = args.out / "shapes"
+    workdir.mkdir(exist_ok=True)
+    meta = {**_ops.versions(), "dtype": args.dtype, "rounds": args.rounds, "libs": args.libs,
+            "command": " ".join(["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])}
+    if "fla" in args.libs and not meta.get("fla") and not args.fake:
+        print("fla-core is not installed: timing ours (and SDPA) only", flush=True)
+    results = []
+    for shape in args.shape_list:
+        t0 = time.perf_counter()
+        print(f"[run] {shape.name}: {len(args.ops)} ops ...", flush=True)
+        results.append(run_shape(shape, args, workdir))
+        print(f"[run] {shape.name}: {time.perf_counter() - t0:.0f} s"
+              + (f" ({results[-1]['note']})" if results[-1].get("note") else ""), flush=True)
+        report = build_report(results, meta)
+        (args.out / "results.json").write_text(json.dumps(report, indent=1))
+        (args.out / "results.md").write_text(render_markdown(report))
+    print(render_markdown(report))
+    print(plot(report, args.out / "results.png"))
+    print(f"written: {args.out / 'results.md'}, {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""What every source id of a plan means: the prose, written once, behind the ids in plan tables.
+
+A LaunchConfig's ``source`` names where its numbers come from, as comma-separated ids: a rule of the planner
+(plan.py), a compile-time check (``fla-gen aot``, which compiles every planned kernel for sm80, sm89, sm90 and
+sm100 and reports shared memory, registers and spills), or a GPU measurement (fla_gen/tuned.py). Generated
+plan tables carry only the ids; ``fla-gen plan`` prints this prose.
+
+A Source's ``archs`` are the targets it speaks for: a GPU measurement names the one it was measured on, and
+only that target's plan rows may cite it (tests/compiler checks every generated row); empty: a rule or a
+compile-time check that holds on every target. GPU measurements below: NVIDIA H100 80GB HBM3 (sm90), torch
+2.11.0+cu130, Triton 3.6.0, bf16, inputs of benchmarks/_ops.py; ``benchmarks/sweep_plans.py`` unless said
+otherwise (each kernel alone by torch.profiler, and the call by do_bench medians; every variant against the
+plan in the same process). The raw results and the one-off scripts are in the git history at 0a80dc0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    """The prose of one source id, and the targets it speaks for (empty: every target)."""
+
+    text: str
+    archs: tuple[str, ...] = ()
+
+
+_H100 = ("sm90",)
+_MMA_SYNC_SMALL = ("sm86", "sm89")
+
+SOURCES: dict[str, Source] = {
+    # ---------------------------------------------------------------------------------------- rules (plan.py)
+    "tiles": Source("rule: the widest tiles (64, then 32, 16) and the deepest pipeline (at most 3 stages) whose "
+                    "modelled shared memory fits 80% of the target's (the rest is Triton's scratch)"),
+    "wide-v": Source("rule: on wgmma targets, one V tile as wide as the head dim (up to 128) for a kernel that loops "
+                     "over V around a once-built [BT, BT] product: the product serves all of V at once"),
+    "whole-k": Source("rule: whole K with a [K, BV] fp32 state tile in registers; BV = 64 / 32 / 16 at head dim 64 / "
+                      "128 / 256 keeps it from spilling (fla-gen aot) and gives the sequential walk more programs"),
+    "sub-chunk": Source("rule: one program per 16-token sub-chunk; its 16-row dots are mma.sync on every target"),
+    "sub-chunk-loop": Source("rule: one program per sub-chunk and K tile; the loop over the other sub-chunks has at "
+                             "most BT / 16 - 1 steps, too few to pipeline"),
+    "pair-blocks": Source("rule: K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 "
+                          "decay tiles under strong gates"),
+    "row-gate-pairs": Source("rule: one log gate per token: K in 16-wide blocks of tensor-core dots x y^T, scaled "
+                             "by the [BT, BT] decays built from the chunk's [BT] gate cumsum (the per-channel path's "
+                             "tiles, not measured for this one)"),
+    "pair-dots": Source("rule (gate lower bound): tensor-core pairwise dots over 16-wide K blocks ([BT, 16] fp32 "
+                        "factor tiles: at 32 wide bwd_dqk spills ~100 B, fla-gen aot)"),
+    "recurrent": Source("rule: whole K in registers, V in blocks sized so that ~2 (forward) or ~4 (backward) fp32 "
+                        "registers per state element stay under 128 per thread"),
+    "elementwise": Source("rule: an elementwise pass, nothing to pipeline"),
+    "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
+                              "fewer stages leave room for more programs per SM"),
+    "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
+                         "N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles)"),
+    "split-whole-k": Source("rule, at run time: a whole-K walk's BV halves (to 16 at least) while its V/BV*N*H "
+                            "programs fill at most half of the GPU's SMs (launch.whole_k_walk_block_v)"),
+    "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
+                         "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
+                         "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
+    "fused-walk-unmeasured": Source("rule: fwd_fused is never taken on this target (not measured here; on the "
+                                    "mma.sync targets its tiles spill 24-400 B, fla-gen aot): fwd_h + fwd_o"),
+    "fused-walk-no-fit": Source("rule: fwd_fused is never taken: even [K, 16] tiles at 2 stages do not fit the "
+                                "target's shared memory"),
+    "bounded-rule": Source("rule (gate lower bound): the bounded plan's kernels take the warps and V tiles of the "
+                           "measured target; not measured on this one"),
+    # --------------------------------------------------------------------------- compile-time checks (fla-gen aot)
+    "aot-wide-grads": Source("fla-gen aot: 8 warps for bwd_dqkvg at head dims 128 and 256: at 4 it spills ~156 B on "
+                             "sm90 (ptxas); 8 fit in 193 registers. Not at head dim 64: there 8 warps lay its dots out "
+                             "apart (3 MMA->MMA conversions on sm90)", _H100),
+    "wide-grads-sm100": Source("rule: 8 warps for bwd_dqkvg at head dims 128 and 256 on sm100 (the wgmma register "
+                               "budget per thread as on sm90; not measured on sm100)", ("sm100",)),
+    "aot-channel-stages": Source("fla-gen aot, bf16, 64x64 tiles: the per-channel bwd_dv stages whole-chunk [BT, BT] "
+                                 "products and sub-chunk operands: 3 stages need 160-209 KB, 2 stages 88-128 KB, "
+                                 "1 stage ~24-40 KB (more than the tile model predicts): 2 stages where 3 do not fit "
+                                 "the target (163 KB on sm80) or come within a few KB of it (227 KB on sm90 and "
+                                 "sm100)", ("sm80", "sm90", "sm100")),
+    "aot-channel-stages-99k": Source("fla-gen aot: the per-channel bwd_dv at 2 stages needs 88-96 KB, within the 99 KB "
+                                     "of sm86 / sm89, 3 stages 160+ KB; at head dim 256, 2 stages need 152-161 KB, so "
+                                     "1 stage there", _MMA_SYNC_SMALL),
+    "aot-dqkg-bk32": Source("fla-gen aot, head dim 128: bwd_dqkg's K in 32-wide tiles: at 64 the [BT, BK] fp32 tiles "
+                            "of its epilogue take 255 registers and spill 8-20 B on sm80/89/90 (4 warps; 8 warps still "
+                            "need 244 on sm80/89); at 32, 136-168 registers and no spill"),
+    "aot-dplr-da-warps": Source("fla-gen aot, bf16, K = V = 128, every target: bwd_dA's four [K, BT] fp32 accumulators "
+                                "and three [K, BV] tiles take 228 registers at 4 warps, 182 at 8: 8 warps"),
+    "aot-channel-delta-wy-warps": Source("fla-gen aot, bf16: the per-channel delta rule's bwd_wy at 4 warps spills "
+                                         "324 B on sm80 (head dim 128) and 8-52 B on sm89 (head dim 64); at 8 warps "
+                                         "none on sm80 and 0-16 B on sm89 (sm86 taken as sm89)",
+                                         ("sm80", "sm86", "sm89")),
+    "aot-channel-delta-h-warps": Source("fla-gen aot, bf16: the per-channel delta rule's fwd_h at 4 warps spills "
+                                        "156-164 B on sm100 at head dim 128 (32-44 B at the split tiles); at 8 none",
+                                        ("sm100",)),
+    "aot-delta-dh-99k": Source("fla-gen aot: the delta family's bwd_dh whole-K tiles need 98 KB at 2 stages, at the "
+                               "99 KB limit of sm86 / sm89: 1 stage", _MMA_SYNC_SMALL),
+    # ------------------------------------------------------------------------------------ GPU measurements, H100
+    "h100-gla-wide-v": Source(
+        "chunk_gla at 4x4096x16x128: one 128-wide V tile in fwd_o and bwd_dv (no V loop around the [BT, BT] product) "
+        "against two 64-wide ones: forward 1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms (the rule wide-v "
+        "since then; this entry pins bwd_dv at 2 stages, 4 warps)", _H100),
+    "h100-fwd-a-stages": Source(
+        "gla's fwd_A at 1 stage against 3 (which hold 83 KB of shared memory, fla-gen aot, and so fewer programs per "
+        "SM), 4 warps, sweep_plans.py --stages fwd_A: 0.467 -> 0.326 ms at 4x4096x16x128, 0.380 -> 0.341 at "
+        "2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64", _H100),
+    "h100-gla-fwd-a-warps": Source(
+        "gla's fwd_A on 2 warps at 1 stage against 4 (its dots have 16 rows, too few to share among 4 warps): "
+        "0.326 -> 0.261 ms at 4x4096x16x128 (forward 0.754 -> 0.690), 0.341 -> 0.246 at 2x8192x8x256 (forward "
+        "0.954 -> 0.860); at head dim 64, 4 warps stay (0.216 against 0.224 ms at 8x2048x32x64)", _H100),
+    "h100-walk-4-stages": Source(
+        "the scalar- and channel-gate state walks at 4 stages (a fourth stage keeps one more chunk's loads in "
+        "flight past a state held in registers; fla-core's autotune picks 4 for its own walk at head dim 256), "
+        "sweep_plans.py --extra-variants num_stages 4, kernel alone: simple_gla fwd_h 0.161 -> 0.149 ms and bwd_dh "
+        "0.164 -> 0.150, linear_attn bwd_dh 0.158 -> 0.146 at 2x8192x8x256 (4 warps); gla on 8 warps: fwd_h 0.168 "
+        "-> 0.160 at 4x4096x16x128 and 0.301 -> 0.281 at 2x8192x8x256, bwd_dh 0.170 -> 0.155 and 0.302 -> 0.257. "
+        "Not the scalar-gate walks at head dim 128 (fwd_h 0.094 at 3 stages against 0.096, bwd_dh 0.098 against "
+        "0.101)", _H100),
+    "h100-delta-fwd-wu-warps": Source(
+        "the delta family's fwd_wu on 2 warps against 4 (its dots and forward substitution work on 16x16 blocks, "
+        "too small to share among 4 warps), sweep_plans.py --stages fwd_wu: kernel 0.315 -> 0.220 ms "
+        "(gated_delta_rule) and 0.300 -> 0.205 (delta_rule) at 4x4096x16x128; 0.559 -> 0.357 and 0.501 -> 0.323 at "
+        "8x2048x32x64; 0.213 -> 0.167 and 0.202 -> 0.161 at 2x8192x8x256", _H100),
+    "h100-delta-fwd-h-128": Source(
+        "the delta family's fwd_h at head dim 128, [128, 64] state tile, 4 warps, 3 stages (fla-core's autotuned "
+        "pick for its walk), kernel alone: 0.173 -> 0.147 ms at 4x4096x16x128 against the rule's [128, 32] at 2 "
+        "stages (gated 0.177 -> 0.147; fla-core's kernel 0.146); at 1x16384x16x128, where the run-time split takes "
+        "BV to 16, 0.223 ms against 0.378 at 2 stages", _H100),
+    "h100-delta-fwd-h-256": Source(
+        "the delta family's fwd_h at head dim 256, [256, 32] state tile, 4 warps, 3 stages, at 2x8192x8x256: "
+        "0.641 -> 0.456 ms (delta_rule) and 0.830 -> 0.551 (gated) on 8 warps against the rule's [256, 16]; then "
+        "0.409 -> 0.353 and 0.526 -> 0.476 on 4 warps and 3 stages against 8 and 2; 4 stages do not fit (282 KB)",
+        _H100),
+    "h100-delta-bwd-dh-128": Source(
+        "the delta family's bwd_dh at head dim 128, the state gradient as two [64, 64] row blocks, 4 warps, 3 "
+        "stages, kernel alone: 0.196 ms against 0.266 for one [128, 32] tile at 2 stages at 4x4096x16x128 "
+        "(fla-core's kernel 0.199); at 1x16384x16x128 (run-time split to BV 16) 0.294 ms against 0.652", _H100),
+    "h100-delta-bwd-dh-256": Source(
+        "the delta family's bwd_dh at head dim 256, [256, 32] state tile, 4 warps, 2 stages, at 2x8192x8x256: "
+        "kernel 0.675 -> 0.494 ms (delta_rule) and 0.784 -> 0.569 (gated) against the rule's [256, 16] at 1 stage; "
+        "forward+backward 3.024 -> 2.836 and 3.602 -> 3.381 ms", _H100),
+    "h100-dplr-pair-kernels": Source(
+        "chunk_rwkv7 with RWKV-7 gates (every K block takes the factored dots), sweep_plans.py --stages "
+        "fwd_intra,bwd_dqk: fwd_intra on 2 warps with 32-wide K blocks (it spills ~260 B on sm90, fla-gen aot): "
+        "3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2, 1.105 at BK 32 / 2 (4x4096x16x128); 2.291 -> 1.222 "
+        "(8x2048x32x64); 2.070 -> 1.083 (2x8192x8x256). bwd_dqk with 32-wide K blocks on 4 warps (spilling ~600 B): "
+        "3.69 -> 2.19 ms (4x4096x16x128, 5.16 at 8 warps, 9.11 at 2), 3.768 -> 2.084 (8x2048x32x64), 3.686 -> "
+        "2.178 (2x8192x8x256, BV 16)", _H100),
+    "h100-dplr-bwd-da-256": Source(
+        "chunk_rwkv7 at 2x8192x8x256, sweep_plans.py --stages bwd_dA: bwd_dA on 4 warps with the [256, 16] state "
+        "tile, 2.893 -> 1.665 ms against 8; forward+backward 16.86 -> 15.79 ms", _H100),
+    "h100-dplr-dqk-warps": Source(
+        "chunk_rwkv7 at 4x4096x16x128, plan overrides: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 (though it spills "
+        "~240 B, fla-gen aot), 6.12 at 2", _H100),
+    "h100-dplr-intra-warps": Source(
+        "chunk_rwkv7 at 4x4096x16x128 with the factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4", _H100),
+    "h100-dplr-bounded": Source(
+        "chunk_rwkv7 with gate_lower_bound -0.6065 at 4x4096x16x128, plan overrides (the bounded kernels are "
+        "latency-bound: fewer warps let more programs share an SM): bwd_dqk 3.62 ms at 8 warps, 1.89 at 4 (1.84 "
+        "at 2, spilling ~300 B); fwd_intra 2.46 at 8, 1.17 at 4, 1.10 at 2; bwd_dA 1.25 at 8 warps x 32-wide V, "
+        "0.93 at 4 x 16", _H100),
+    "h100-fused-walk-scalar": Source(
+        "the forward as one walk (fwd_fused) against fwd_h + fwd_o, through the public op, same inputs, outputs "
+        "bit-identical. Without a gate one program per SM is enough: linear_attn 0.244 -> 0.106 ms at "
+        "4x4096x16x128 [BV 64, 4 warps, 3 stages], 0.194 -> 0.103 at 8x2048x32x64, 0.353 -> 0.228 at 2x8192x8x256 "
+        "[32, 4, 3], even at 1x16384x16x128 on 64 programs (0.294 against 0.304): share 0.5. With a gate each step "
+        "also rescales by the chunk's decays and the walk wants two programs per SM (share 1.9): simple_gla 0.261 "
+        "-> 0.204 at 4x4096x16x128 (256 programs, [32, 4, 3]), 0.221 -> 0.139 at 8x2048x32x64 ([64, 4, 2]); slower "
+        "at 128 programs (1x8192x32x128 0.290 -> 0.345) and at head dim 256 even on 1024 programs (8x2048x16x256 "
+        "0.699 -> 1.033, [256, 32] spills 144 B): never there. One stage is never planned: [32, 4 warps, 1 stage] "
+        "with a gate at head dim 128 was miscompiled under Triton 3.6 (an illegal address) while 2 and 3 are exact",
+        _H100),
+    "h100-fused-walk-delta": Source(
+        "the delta family's forward as one walk against fwd_h + fwd_o (P built before q @ h: no spill at [64, 4, "
+        "3]), outputs bit-identical: delta_rule 0.500 -> 0.329 ms at 4x4096x16x128 [64, 4, 3], 0.570 -> 0.447 at "
+        "8x2048x32x64, 0.573 -> 0.526 at 1x16384x16x128 ([32, 4, 3] on 64 programs, 0.48x the SMs: share 0.45), "
+        "0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; gated_delta_rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], "
+        "256 programs), 0.619 -> 0.497 at 8x2048x32x64 [64, 4, 2], slower on fewer programs (1x16384x16x128 0.645 "
+        "-> 0.808, 2x8192x8x256 0.661 -> 0.716): share 1.9 as the scalar gate's walk, never at head dim 256", _H100),
+    "h100-fused-walk-gla": Source(
+        "gla's forward as one walk (every V-block program rebuilds q exp(G) and k exp(G_L - G)): faster only at "
+        "head dim 64 (8x2048x32x64: 0.575 -> 0.465 ms at [64, 4, 2]); at 128 even at best (4x4096x16x128 [64, 8, "
+        "2]: 0.687 -> 0.676 ms; 0.95-0.99 ms at 32-wide V), slower at 256: never there", _H100),
+    "h100-split-walk": Source(
+        "the state walk split at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms (simple_gla), 0.503 "
+        "-> 0.371 (gla)", _H100),
+    "h100-split-whole-k": Source(
+        "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (delta_rule), "
+        "0.690 -> 0.634 (gated_delta_rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),
+}
+
+
+def explain(source: str) -> str:
+    """The prose of a comma-separated source (``"tiles,h100-split-walk"``), one id per clause; KeyError names an
+    unknown id."""
+    out = []
+    for sid in (s for s in source.split(",") if s):
+        if sid not in SOURCES:
+            raise KeyError(f"unknown plan source id {sid!r}: describe it in fla_gen/measurements.py")
+        out.append(f"[{sid}] {SOURCES[sid].text}")
+    return "; ".join(out)
+
+
+def speaks_for(source_id: str, arch: str) -> bool:
+    """Whether a plan row of ``arch`` may cite ``source_id``: a rule or compile-time check for every target, or a
+    measurement on ``arch`` itself."""
+    archs = SOURCES[source_id].archs
+    return not archs or arch in archs

@@ -1,0 +1,128 @@
+"""benchmarks/run.py without a GPU: shapes and presets, the floor arithmetic, the worst-of-rounds rule, the
+Markdown and JSON it writes, and one --fake run end to end (CPU stand-ins, one subprocess per shape)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+import run  # noqa: E402
+
+
+def test_dense_varlen_and_decode_shapes_parse():
+    assert run.parse_shape("4x4096x16x128") == run.Shape("dense", 4, 4096, 16, 128, 128)
+    assert run.parse_shape("2x64x2x16x32") == run.Shape("dense", 2, 64, 2, 16, 32)
+    v = run.parse_shape("varlen:32x256-8192x16x128")
+    assert (v.kind, v.B, v.H, v.K, len(v.lengths)) == ("varlen", 1, 16, 128, 32)
+    assert all(256 <= n <= 8192 for n in v.lengths) and v.T == sum(v.lengths)
+    assert v.name == "varlen:32x256-8192x16x128"
+    d = run.parse_shape("decode:64x16x128")
+    assert (d.kind, d.B, d.T, d.H, d.K, d.V) == ("decode", 64, 1, 16, 128, 128)
+
+
+def test_varlen_lengths_are_fixed_by_the_seed():
+    assert run.varlen_lengths(32, 256, 8192) == run.varlen_lengths(32, 256, 8192)
+    assert run.varlen_lengths(32, 256, 8192, seed=1) != run.varlen_lengths(32, 256, 8192, seed=0)
+
+
+@pytest.mark.parametrize("bad", ["4x4096", "varlen:32x8192-256x16x128", "decode:64", "foo:1x2x3x4", "axbxcxd"])
+def test_bad_shapes_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match="shape"):
+        run.parse_shape(bad)
+
+
+def test_presets_expand_in_order_without_duplicates():
+    shapes = run.parse_shapes("standard,long", "4x4096x16x128")
+    names = [s.name for s in shapes]
+    assert names == ["4x4096x16x128", "8x2048x32x64", "1x16384x16x128", "2x8192x8x256", "1x65536x16x128",
+                     "1x131072x16x128"]
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        run.parse_shapes("nope", "")
+
+
+def test_arguments():
+    args = run.parse_args(["--ops", "gla,rwkv7", "--presets", "decode", "--libs", "ours", "--rounds", "2"])
+    assert args.ops == ["gla", "rwkv7"] and args.libs == ["ours"] and args.rounds == 2
+    assert [s.kind for s in args.shape_list] == ["decode"]
+    for bad in (["--libs", "ours,flash"], ["--rounds", "0"], ["--presets", "", "--shapes", ""],
+                ["--presets", "huge"]):
+        with pytest.raises(SystemExit):
+            run.parse_args(bad)
+    with pytest.raises(SystemExit, match="unknown op"):
+        run.parse_args(["--ops", "retnet"])
+
+
+def test_floor_arithmetic():
+    # 1 GiB copied in 0.7158 ms moves 2 GiB: 3.0 TB/s
+    assert run.copy_tbs(1 << 30, 0.7158) == pytest.approx(3.0, rel=1e-3)
+    # 4x4096x16x128 bf16 q, k, v in and o out: 4 tensors of 64 MiB at 3.0 TB/s
+    nbytes = 4 * 4 * 4096 * 16 * 128 * 2
+    assert run.floor_ms(nbytes, 3.0) == pytest.approx(0.08948, rel=1e-3)
+
+
+def test_the_reported_ratio_is_the_worst_round():
+    ours, fla = [0.30, 0.20, 0.25], [0.45, 0.18, 0.50]
+    assert run.worst_ratio(ours, fla) == pytest.approx(0.9)  # round 2, not the best (2.0) nor the medians' 1.8
+    assert run.worst_ratio([0.3], []) is None
+    assert run.worst_ratio([0.3, 0.3], [0.4]) is None  # an incomplete series has no ratio
+
+
+def test_summarize_reports_medians_worst_ratio_and_floor():
+    row = {"ours": {"fwd": [0.2, 0.4, 0.3], "fwdbwd": [1.0, 1.2, 1.1]}, "fla": {"fwd": [0.3, 0.5, 0.6]},
+           "bytes_fwd": 3_000_000_000, "copy_tbs": 3.0}
+    s = run.summarize(row)
+    assert s["ours_fwd_ms"] == pytest.approx(0.3) and s["fla_fwd_ms"] == pytest.approx(0.5)
+    assert s["ratio_fwd"] == pytest.approx(1.25)  # min(1.5, 1.25, 2.0)
+    assert s["ratio_fwdbwd"] is None and s["fla_fwdbwd_ms"] is None
+    assert s["floor_fwd_ms"] == pytest.approx(1.0) and s["ours_over_floor"] == pytest.approx(0.3)
+
+
+def _report():
+    rows = [{"op": "gla", "shape": "1x16384x16x128", "kind": "dense", "ours": {"fwd": [0.30, 0.31]},
+             "fla": {"fwd": [0.27, 0.29]}, "bytes_fwd": 300_000_000, "copy_tbs": 3.0,
+             "notes": {"fla fwdbwd": "RuntimeError: refused"}},
+            {"op": "gla", "shape": "decode:64x16x128", "kind": "decode", "ours": {"fwd": [0.05, 0.05]},
+             "bytes_fwd": 150_000_000, "copy_tbs": 3.0}]
+    return run.build_report([{"shape": "x", "rows": rows, "device_name": "GPU X"}],
+                            {"torch": "2.13", "triton": "3.6", "fla": None, "dtype": "bfloat16", "rounds": 2,
+                             "command": "python benchmarks/run.py"})
+
+
+def test_markdown_table():
+    md = run.render_markdown(_report())
+    assert "# Benchmark: GPU X" in md and "fla-core not installed" in md
+    assert "## dense" in md and "## decode" in md and "## varlen" not in md
+    dense = next(ln for ln in md.splitlines() if ln.startswith("| gla | 1x16384x16x128"))
+    cells = [c.strip() for c in dense.strip("|").split("|")]
+    assert cells[2:5] == ["0.305", "0.28", "**0.90**"]  # worst round 0.27 / 0.30, bold below 1
+    assert cells[10:] == ["0.1", "3.05"]
+    assert "- gla 1x16384x16x128, fla fwdbwd: RuntimeError: refused" in md
+
+
+def test_fake_run_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--fake", "--device", "cpu", "--presets", "",
+           "--shapes", "1x32x2x16,decode:2x2x16", "--ops", "linear_attn,simple_gla,delta_rule", "--rounds", "2",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    rows = {(r["op"], r["shape"]): r for r in report["rows"]}
+    la = rows[("linear_attn", "1x32x2x16")]
+    assert len(la["ours"]["fwd"]) == len(la["fla"]["fwd"]) == 2 and la["ratio_fwd"] > 0
+    assert la["sdpa"]["fwd"] and la["ours_over_floor"] > 0
+    assert "fwdbwd" not in rows[("linear_attn", "decode:2x2x16")]["ours"]
+    assert "no stand-in" in rows[("delta_rule", "1x32x2x16")]["notes"]["ours fwd"]
+    # a library whose backward raises (fla's gated chunk_simple_gla on Hopper) still has its forward timed
+    sg = rows[("simple_gla", "1x32x2x16")]
+    assert len(sg["fla"]["fwd"]) == 2 and "fwdbwd" not in sg["fla"] and "refused" in sg["notes"]["fla fwdbwd"]
+    assert sg["ratio_fwd"] > 0 and sg["ratio_fwdbwd"] is None and len(sg["ours"]["fwdbwd"]) == 2
+    assert (out / "results.md").read_text().startswith("# Benchmark: cpu")
+    assert sorted(p.name for p in (out / "shapes").iterdir()) == ["1x32x2x16.json", "decode_2x2x16.json"]
