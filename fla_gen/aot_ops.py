@@ -100,7 +100,8 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                     entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
             # chunk ops with a plan for bounded gates (other kernels: FACTORED, 32-token chunks), where this
             # target has one; with cu_seqlens on the last of varlen_caps
-            if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}):
+            # (a recurrence without a per-token gate has no gate_lower_bound argument: nothing to bound)
+            if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}) or rec.token_gate is None:
                 continue
             varlen = bool(varlen_caps) and cap == varlen_caps[-1]
             with forced_arch(ARCH_OF_CAP[cap]):

@@ -25,22 +25,9 @@ from fla_gen.cli import compile_spec
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import TOLERANCE, compare_with_reference
 from fla_gen.write import write_files
-from tests.support import REPO_ROOT, poisoned_allocations
+from tests.support import AWAITING_LOWERING, VARIANTS, VARIANTS_DIR, poisoned_allocations
 
-VARIANTS_DIR = REPO_ROOT / "tests" / "variants"
-ALL_VARIANTS = tuple(sorted(p.stem for p in VARIANTS_DIR.glob("*.fla")))
-
-# Variants the compiler refuses until the lowering stage lands (canonicalize or plan rejects them). They are
-# left out of the parametrization, not skipped: only variants that build are counted. Once the lowering
-# lands this set is empty.
-AWAITING_LOWERING = frozenset({
-    "const_decay", "const_write", "delta_const_beta", "delta_head_decay", "delta_read_key", "delta_sigmoid_beta",
-    "delta_then_decay", "delta_token_head_decay", "derived_key", "derived_query", "dplr_head_gate",
-    "dplr_scalar_gate", "gated_delta_sigmoid_decay", "gla_l2norm_gated_value", "hgrn2", "kda", "param_decay",
-    "retention_input_gate", "rwkv7_derived", "scalar_write", "sigmoid_decay", "softplus_channel_decay", "ssd",
-    "ssd_shared_step", "two_decays",
-})
-BUILT = tuple(v for v in ALL_VARIANTS if v not in AWAITING_LOWERING)
+BUILT = tuple(v for v in VARIANTS if v not in AWAITING_LOWERING)
 
 H, K, V = 2, 16, 32
 B = 2
@@ -156,8 +143,8 @@ def test_variant_varlen_matches_reference(built, variant, mode):
 
 def test_corpus_is_complete():
     """At least 24 variants, each with a header comment; the awaiting set names only existing variants."""
-    assert len(ALL_VARIANTS) >= 24, ALL_VARIANTS
-    assert AWAITING_LOWERING <= set(ALL_VARIANTS), AWAITING_LOWERING - set(ALL_VARIANTS)
-    for variant in ALL_VARIANTS:
+    assert len(VARIANTS) >= 24, VARIANTS
+    assert AWAITING_LOWERING <= set(VARIANTS), AWAITING_LOWERING - set(VARIANTS)
+    for variant in VARIANTS:
         text = (VARIANTS_DIR / f"{variant}.fla").read_text()
         assert text.startswith("# ") and "Exercises:" in text, f"{variant}.fla: no header saying what it exercises"
