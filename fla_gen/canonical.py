@@ -15,6 +15,7 @@ no low-rank term → ``gated``; u and w multiples of one key input → ``delta``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fla_gen.errors import Pos, SpecErrorFactory
@@ -66,6 +67,9 @@ class Recurrence:
     low_rank: LowRank | None
     write: tuple[ScaledVector, ScaledVector]
     query: ScaledVector
+    # log(decay) as an expression (a sum of terms; None: no decay), and the raw factors it came from
+    log_gate: Node | None = None
+    decay_factors: tuple[Node, ...] = ()
 
     @property
     def token_gate(self) -> GateTerm | None:
@@ -301,47 +305,60 @@ class _Sorter:
         self.err = SpecErrorFactory(spec.path, spec.source)
         self.pos = pos
 
-    def log_gate(self, factor: _Factor) -> tuple[GateTerm, ...]:
-        """A diagonal factor must be exp(sum of gate inputs), or the number 1."""
-        n = factor.a
-        if isinstance(n, Lit) and n.value == 1.0:
-            return ()
-        if not (isinstance(n, Apply) and n.fn == "exp"):
-            raise self.err(n.pos, "the state's decay must be exp(g) of a log-space gate (decay = exp(g))",
-                           "write the gate in log space, e.g. 'exp(g) * S' with g = log(decay)")
-        return self.gate_terms(n.args[0])
+    def log_factor(self, n: Node) -> Node | None:
+        """log(n) of a diagonal factor the compiler can prove positive, as an expression (None for the
+        number 1): exp(x) -> x, sigmoid(x) -> -softplus(-x), a positive number c -> log(c), and products
+        and quotients of those. Anything else is refused with the way to write it."""
+        if isinstance(n, Lit):
+            if n.value == 1.0:
+                return None
+            if n.value > 0:
+                return _lit(math.log(n.value), n.pos)
+            raise self.err(n.pos, f"the state's decay {n.value:g} is not positive; a decay multiplies the state by "
+                                  f"a positive factor", "write it as exp(g) with g = log(decay)")
+        if isinstance(n, Apply):
+            if n.fn == "exp":
+                return n.args[0]
+            if n.fn == "sigmoid":  # log(sigmoid(x)) = -softplus(-x), finite for every x
+                x = n.args[0]
+                return _neg(Apply("softplus", (_neg(x, n.pos),), x.ty, n.pos), n.pos)
+            if n.fn in ("mul", "div"):
+                a, b = (self.log_factor(x) for x in n.args)
+                if b is not None and n.fn == "div":
+                    b = _neg(b, n.pos)
+                if a is None or b is None:
+                    return a if b is None else b
+                dims = a.ty.dims or b.ty.dims
+                return Apply("add", (a, b), Ty(dims, widest(a.ty.varies, b.ty.varies)), n.pos)
+        raise self.err(n.pos, "the state's decay must be a factor the compiler can prove positive: exp(g), "
+                              "sigmoid(f), a positive number, or a product of those",
+                       "write a log-space gate as 'exp(g) * S' (decay = exp(g)), or a sigmoid gate as "
+                       "'sigmoid(f) * S'")
 
-    def gate_terms(self, n: Node) -> tuple[GateTerm, ...]:
-        if isinstance(n, Apply) and n.fn == "add":
-            return self.gate_terms(n.args[0]) + self.gate_terms(n.args[1])
-        if isinstance(n, Ref) and n.role == "input":
-            info = self.spec.input(n.name)
-            if info.vec_dim not in (None, self.spec.key_dim):
-                raise self.err(n.pos, f"gate '{n.name}' runs over {info.vec_dim}; a gate is a scalar or runs over "
-                                      f"the key dim {self.spec.key_dim}")
-            if not info.per_token:
-                if info.vec_dim:
-                    raise self.err(n.pos, f"a per-head gate over channels ([H, {info.vec_dim}]) is not supported; "
-                                          "use [H] or [B, T, H, K]")
-                return (GateTerm(n.name, "head"),)
-            return (GateTerm(n.name, "channel" if info.vec_dim else "scalar"),)
-        raise self.err(n.pos, "the log gate must be a gate input or a sum of gate inputs (g + g_gamma)")
-
-    def decay(self, diag_terms: list[_MatTerm]) -> tuple[GateTerm, ...]:
+    def decay(self, diag_terms: list[_MatTerm]) -> tuple[Node | None, tuple[Node, ...]]:
+        """The log gate (a sum of expressions, None for no decay) and the raw decay factors."""
         if not diag_terms:
             raise self.err(self.pos, "the update drops the previous state: no term carries S over",
                            "e.g. 'update S = exp(g) * S + outer(k, v)'")
         if len(diag_terms) > 1:
             raise self.err(diag_terms[1].factors[0].a.pos if diag_terms[1].factors else self.pos,
                            "the state is carried over by two diagonal terms; merge them into one decay exp(g) * S")
-        terms: tuple[GateTerm, ...] = ()
-        for f in diag_terms[0].factors:
-            terms += self.log_gate(f)
-        token = [t for t in terms if t.kind != "head"]
-        head = [t for t in terms if t.kind == "head"]
-        if len(token) > 1 or len(head) > 1:
-            raise self.err(self.pos, "at most one per-token gate and one per-head gate may decay the state")
-        return terms
+        log_gate: Node | None = None
+        factors = tuple(f.a for f in diag_terms[0].factors)
+        for f in factors:
+            term = self.log_factor(f)
+            if term is None:
+                continue
+            if log_gate is None:
+                log_gate = term
+            else:
+                dims = log_gate.ty.dims or term.ty.dims
+                log_gate = Apply("add", (log_gate, term), Ty(dims, widest(log_gate.ty.varies, term.ty.varies)),
+                                 term.pos)
+        if log_gate is not None and log_gate.ty.dims not in ((), (self.spec.key_dim,)):
+            raise self.err(log_gate.pos, f"the decay runs over {log_gate.ty.dims[0]}; a decay is a scalar or runs "
+                                         f"over the key dim {self.spec.key_dim} (diag(x) @ S)")
+        return log_gate, factors
 
     def low_rank(self, terms: list[_MatTerm]) -> LowRank | None:
         if not terms:
@@ -388,7 +405,6 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
     diag_terms = [t for t in ex.state if t.tail is None and all(f.kind != "rank1" for f in t.factors)]
     rank_terms = [t for t in ex.state if t.tail is None and any(f.kind == "rank1" for f in t.factors)]
     write_terms = [t for t in ex.state if t.tail is not None]
-    decay = sorter.decay(diag_terms)
     low_rank = sorter.low_rank(rank_terms)
     write = sorter.write(write_terms)
 
@@ -399,11 +415,15 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         raise err(spec.output.pos, f"the output must be c * {spec.state_name}^T @ q: one read of the state "
                                    "times scalars, nothing else")
     query = _split_scaled(out.reads[0])
-    if query.input is None or any(c.ty.varies not in ("const", "param") for c in query.coef):
-        raise err(spec.output.pos, f"the output must read the state with one key input, {spec.state_name}^T @ q, "
-                                   "times call-time scalars such as scale")
+    if query.expr.ty.varies == "state":
+        raise err(spec.output.pos, f"the output must read the state once, c * {spec.state_name}^T @ q")
 
-    kinds = {t.kind for t in decay}
+    log_gate, decay_factors = sorter.decay(diag_terms)
+    decay = _plain_gate_terms(spec, log_gate)
+    kinds = {t.kind for t in decay or ()}
+    if log_gate is not None and (decay is None or len(decay) != len(_sum_terms(log_gate))):
+        decay = ()  # an expression, not a sum of plain gate inputs: the lowering derives it
+        kinds = {"channel" if log_gate.ty.dims else "scalar"}
     decay_kind = "channel" if "channel" in kinds else ("scalar" if kinds else "none")
     if low_rank is None:
         family = "gated"
@@ -411,4 +431,31 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         family = "delta"
     else:
         family = "general_rank1"
-    return Recurrence(spec, family, decay, decay_kind, low_rank, write, query)
+    return Recurrence(spec, family, decay or (), decay_kind, low_rank, write, query, log_gate, decay_factors)
+
+
+def _sum_terms(n: Node) -> tuple[Node, ...]:
+    """The additive terms of an expression (a - b as a + (-b))."""
+    if isinstance(n, Apply) and n.fn == "add":
+        return _sum_terms(n.args[0]) + _sum_terms(n.args[1])
+    if isinstance(n, Apply) and n.fn == "sub":
+        return _sum_terms(n.args[0]) + tuple(_neg(t, n.pos) for t in _sum_terms(n.args[1]))
+    return (n,)
+
+
+def _plain_gate_terms(spec: CheckedSpec, log_gate: Node | None) -> tuple[GateTerm, ...] | None:
+    """The log gate as plain gate inputs (``g + g_gamma``), or None when a term is any other expression."""
+    if log_gate is None:
+        return ()
+    terms = []
+    for t in _sum_terms(log_gate):
+        if not (isinstance(t, Ref) and t.role == "input"):
+            return None
+        info = spec.input(t.name)
+        kind = ("channel" if info.vec_dim else "scalar") if info.per_token else "head"
+        if kind == "head" and info.vec_dim:
+            return None
+        terms.append(GateTerm(t.name, kind))
+    token = [t for t in terms if t.kind != "head"]
+    head = [t for t in terms if t.kind == "head"]
+    return tuple(terms) if len(token) <= 1 and len(head) <= 1 else None

@@ -16,10 +16,11 @@ import jinja2
 
 from fla_gen import __version__
 from fla_gen.canonical import Recurrence
-from fla_gen.features import KernelFeatures, RankOne, TokenDecay
+from fla_gen.features import RankOne
 from fla_gen.ir import Apply, Lit, Node, Ref
+from fla_gen.lower import Lowered, Slot, SlotSource, lower
 from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
-from fla_gen.reference import derive_reference
+from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
 
@@ -106,14 +107,15 @@ def _statement_lines(rec: Recurrence) -> list[str]:
     return [src[r - 1].split("#")[0].strip() for r in rows]
 
 
-def _arg_role(rec: Recurrence, name: str) -> str:
+_SLOT_ROLES = {"q": "query", "k": "key", "v": "value", "g": "gate", "g_gamma": "gate", "a": "rank1_read",
+               "b": "rank1_write"}
+
+
+def _arg_role(lowered: Lowered, name: str) -> str:
     """What an input is to the recurrence, for code that builds the inputs (fla_gen.layers): query,
     key, value, gate (a log-space decay), rank1_read / rank1_write (a and b of a general rank-1 term
-    b (a^T S)) or other (e.g. the delta rule's beta)."""
-    roles = {rec.query.input: "query", rec.write[0].input: "key", rec.write[1].input: "value"}
-    roles.update({t.input: "gate" for t in rec.decay})
-    if rec.family == "general_rank1":
-        roles.update({rec.low_rank.w.input: "rank1_read", rec.low_rank.u.input: "rank1_write"})
+    b (a^T S)) or other (e.g. the delta rule's beta, or an input that a derived slot reads)."""
+    roles = {s.input: _SLOT_ROLES[s.arg] for s in lowered.slots if s.input and s.arg in _SLOT_ROLES}
     return roles.get(name, "other")
 
 
@@ -145,8 +147,14 @@ def _reads(n: Node, name: str) -> bool:
     return isinstance(n, Apply) and any(_reads(a, name) for a in n.args)
 
 
-def _common_context(rec: Recurrence) -> dict:
+_FAMILY_NAMES = {RankOne.NONE: "gated", RankOne.DELTA: "delta", RankOne.GENERAL: "general_rank1"}
+
+
+def _common_context(lowered: Lowered) -> dict:
+    rec = lowered.rec
     spec = rec.spec
+    key_input = next(i.name for i in spec.inputs if i.per_token and i.vec_dim == spec.key_dim)
+    value_input = next(i.name for i in spec.inputs if i.per_token and i.vec_dim == spec.value_dim)
     args = []
     for i in spec.inputs:
         layout = ("BTH" if i.per_token else "H") + {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
@@ -156,10 +164,10 @@ def _common_context(rec: Recurrence) -> dict:
             "layout": layout,
             "optional": i.optional,
             # Gates, and per-head parameters of transforms (A_log, dt_bias), may stay float32 with 16-bit inputs.
-            "gate": any(t.input == i.name for t in rec.decay) or (not i.per_token and any(
+            "gate": i.name in lowered.gate_inputs or (not i.per_token and any(
                 t.expr is not None and _reads(t.expr, i.name) for t in spec.transforms)),
             "doc": _arg_doc(rec, i.name, layout),
-            "role": _arg_role(rec, i.name),
+            "role": _arg_role(lowered, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
         })
     return {
@@ -172,45 +180,75 @@ def _common_context(rec: Recurrence) -> dict:
         "args": args,
         "key_dim": spec.key_dim,
         "value_dim": spec.value_dim,
-        "key_input": rec.query.input,
-        "value_input": rec.write[1].input,
+        "key_input": key_input,
+        "value_input": value_input,
         "state": spec.state_name,
-        "family": rec.family,
+        "family": _FAMILY_NAMES[lowered.features.rank1],
     }
 
 
-def kernel_features(rec: Recurrence) -> KernelFeatures:
-    """The feature record the kernel templates switch on."""
-    token = TokenDecay(rec.token_gate.kind) if rec.token_gate else TokenDecay.NONE
-    rank1 = {"gated": RankOne.NONE, "delta": RankOne.DELTA, "general_rank1": RankOne.GENERAL}[rec.family]
-    return KernelFeatures(token, rec.head_gate is not None, rank1)
-
-
-def _kernel_bindings(rec: Recurrence) -> tuple[list[str], list[str], list[bool]]:
+def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
     """The launcher's positional tensors (fixed names), the public expressions passed for them, and
-    which of them may be None."""
-    bound = bind_kernel_inputs(rec)
-    optional = {i.name for i in rec.spec.inputs if i.optional}
-    exprs = [f"None if {x} is None else {x}.contiguous()" if x in optional else f"{x}.contiguous()"
-             for x in bound.inputs]
-    return list(bound.names), exprs, [x in optional for x in bound.inputs]
+    which of them may be None. A slot the lowering derives is the local ``_<arg>`` (_derived_block)."""
+    optional = {i.name for i in lowered.rec.spec.inputs if i.optional}
+    exprs, may_be_none = [], []
+    for s in lowered.slots:
+        x = s.input
+        if x is None:
+            exprs.append(f"_{s.arg}")
+        elif x in optional:
+            exprs.append(f"None if {x} is None else {x}.contiguous()")
+        else:
+            exprs.append(f"{x}.contiguous()")
+        may_be_none.append(x in optional)
+    return list(lowered.features.kernel_args), exprs, may_be_none
 
 
-def _kernel_scale(rec: Recurrence) -> str:
-    if not rec.query.coef:
+def _slot_code(s: Slot, lowered: Lowered) -> str:
+    """Torch code of a derived or host slot on whole tensors, in its kernel layout and dtype."""
+    code = TorchExpr(lowered.rec.spec.state_name, whole=True).render(s.expr)
+    dtype = "torch.float32" if s.fp32 else "call.dtype"
+    if s.source is SlotSource.HOST:
+        shape = "(call.H,)" if not s.per_token else "(call.B, call.T, call.H" + \
+            (", call.K" if s.dims == "K" else ", call.V" if s.dims == "V" else "") + ")"
+        return f"torch.as_tensor({code}, dtype={dtype}, device=call_device).expand({shape}).contiguous()"
+    if s.dims and not s.expr.ty.dims:  # a per-token scalar broadcast over a head dim
+        size = "call.K" if s.dims == "K" else "call.V"
+        return f"({code})[..., None].expand(call.B, call.T, call.H, {size}).to({dtype}).contiguous()"
+    return f"({code}).to({dtype}).contiguous()"
+
+
+def _derived_block(lowered: Lowered) -> str:
+    """The public op's lines computing the slots the kernels do not read directly (indented 4), after the
+    spec's transforms; empty when every slot is an input."""
+    slots = [s for s in lowered.slots if s.source is not SlotSource.INPUT]
+    if not slots:
+        return ""
+    first = next(i.name for i in lowered.rec.spec.inputs if i.per_token and not i.optional)
+    lines = [f"call_device = {first}.device",
+             "# slots of the normal form that are expressions of the inputs (fla_gen/lower.py)"]
+    lines += [f"_{s.arg} = {_slot_code(s, lowered)}" for s in slots]
+    return "\n".join("    " + ln for ln in lines)
+
+
+def _kernel_scale(lowered: Lowered) -> str:
+    if not lowered.scale:
         return "1.0"
-    return " * ".join(f"float({render_scalar(c, 'call.')})" for c in rec.query.coef)
+    return " * ".join(f"float({render_scalar(c, 'call.')})" for c in lowered.scale)
 
 
-def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) -> str:
+def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -> str:
+    rec = lowered.rec
+    features = lowered.features
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
-    launch_args, launch_values, launch_optional = _kernel_bindings(rec)
+    launch_args, launch_values, launch_optional = _kernel_bindings(lowered)
     transforms = plan_transforms(rec)
+    derived_block = _derived_block(lowered)
     inline = None
-    if not chunked:  # the fused recurrent forwards load whole K rows per token: they can inline
+    if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, bind_kernel_inputs(rec))
-    transform_block, transform_imports = _transform_block(rec, transforms, inline, launch_values)
+    transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -220,8 +258,7 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "kernel_names": [f"{op}_{k.stage}_kernel" for k in algo.kernels],
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
-            op=op, token_gate=rec.token_gate.kind if rec.token_gate else None, head_gate=rec.head_gate is not None,
-            features=kernel_features(rec),
+            op=op, token_gate=features.token_gate, head_gate=features.head_decay, features=features,
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
@@ -233,20 +270,22 @@ def _op_module(rec: Recurrence, algo: Algorithm, common: dict, chunked: bool) ->
         "launch_args": launch_args,
         "launch_values": launch_values,
         "launch_optional": launch_optional,
-        "kernel_scale": _kernel_scale(rec),
+        "kernel_scale": _kernel_scale(lowered),
         "params": [
             {"name": p.name, "default_code": render_scalar(p.default, "call."),
              "default_doc": render_scalar(p.default)}
             for p in rec.spec.params
         ],
-        "token_gate": rec.token_gate.kind if rec.token_gate else None,
-        "head_gate": rec.head_gate is not None,
-        # the gate input whose lower bound selects BOUNDED_CHUNK_PLANS, or None
-        "bounded_gate": rec.token_gate.input if chunked and algo.bounded_chunk_size and rec.token_gate else None,
+        "token_gate": features.token_gate,
+        "head_gate": features.head_decay,
+        # the gate whose lower bound selects BOUNDED_CHUNK_PLANS, or None
+        "bounded_gate": (lowered.slot("g").input or "g") if chunked and algo.bounded_chunk_size
+        and features.token_gate else None,
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
         "transform_block": transform_block,
         "transform_imports": transform_imports,
+        "derived_block": derived_block,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
@@ -295,7 +334,7 @@ def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str
     return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)
 
 
-def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineTransforms | None,
+def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: InlineTransforms | None,
                      launch_values: list[str]) -> tuple[str, str]:
     """The public op's lines that apply the transforms (indented 4) and what they import from
     ``.transforms``; empty without transforms. With ``inline`` (a kernel that applies them on load),
@@ -310,15 +349,15 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
     lines = []
     imports = [f"{t.op}_transforms"]
     if inline is not None:
-        key = rec.query.input
-        tensors = ", ".join([i.name for i in rec.spec.inputs] + ["initial_state"])
+        key = lowered.slot("q").input
+        tensors = ", ".join([i.name for i in lowered.rec.spec.inputs] + ["initial_state"])
         heads = "".join(f"{h}.contiguous(), " for h in t.heads)
         lines += [
             f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
             f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
             f"    plan = select_plan(RECURRENT_PLANS, {key}.device, call.dtype, max(call.K, call.V))",
-            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(rec)},",
+            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(lowered)},",
             "                                            initial_state, output_final_state, cu_seqlens, plan,",
             f"                                            transform_args=({heads}positions, *rope_dims))",
             "    return o, final_state",
@@ -331,8 +370,9 @@ def _transform_block(rec: Recurrence, t: TransformKernel | None, inline: InlineT
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     """Render every file of ``generated/<op>/`` for a canonical recurrence."""
     env = _environment(str(TEMPLATES_DIR))
-    common = _common_context(rec)
-    chunk_algo, recurrent_algo = select_algorithms(rec)
+    lowered = lower(rec)
+    common = _common_context(lowered)
+    chunk_algo, recurrent_algo = select_algorithms(lowered.features)
     ref = derive_reference(rec.spec)
     ref_ctx = dict(common)
     ref_ctx.update({
@@ -346,23 +386,23 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
-         **_plan_rows(plan_table(rec, chunk_algo))},
+         **_plan_rows(plan_table(lowered.features, chunk_algo))},
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
-         **_plan_rows(plan_table(rec, recurrent_algo))},
+         **_plan_rows(plan_table(lowered.features, recurrent_algo))},
     ]
     if chunk_algo.bounded_chunk_size:
         plans_ctx["tables"].append(
             {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound (tensor-core "
              f"pairwise decays; used when the bound is at least the plan's gate_bound)",
-             **_plan_rows(plan_table(rec, chunk_algo, bounded=True))})
+             **_plan_rows(plan_table(lowered.features, chunk_algo, bounded=True))})
     pkg = rec.spec.package
     transforms = plan_transforms(rec)
     extra = () if transforms is None else (
         GeneratedFile(f"{pkg}/transforms.py", _transforms_module(rec, transforms, common)),)
     return extra + (
         GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
-        GeneratedFile(f"{pkg}/chunk.py", _op_module(rec, chunk_algo, common, chunked=True)),
-        GeneratedFile(f"{pkg}/fused_recurrent.py", _op_module(rec, recurrent_algo, common, chunked=False)),
+        GeneratedFile(f"{pkg}/chunk.py", _op_module(lowered, chunk_algo, common, chunked=True)),
+        GeneratedFile(f"{pkg}/fused_recurrent.py", _op_module(lowered, recurrent_algo, common, chunked=False)),
         GeneratedFile(f"{pkg}/plans.py", env.get_template("package/plans.py.jinja").render(plans_ctx)),
         GeneratedFile(f"{pkg}/reference.py", env.get_template("package/reference.py.jinja").render(ref_ctx)),
     )

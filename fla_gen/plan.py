@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
+from fla_gen.features import Family, KernelFeatures, RankOne
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
 from fla_gen.tuned import tuned_config
 
@@ -329,113 +330,65 @@ class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
 
 
-def select_algorithms(rec: Recurrence) -> tuple[Algorithm, Algorithm]:
-    """The (chunk, fused recurrent) algorithms for a recurrence, chosen by its structure."""
-    if rec.family == "gated":
-        chunk = ALGORITHMS["chunk_channel_gate" if rec.decay_kind == "channel" else "chunk_scalar_gate"]
-        if rec.token_gate is None and rec.head_gate is None:
-            chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
-        return chunk, ALGORITHMS["fused_recurrent_gated"]
-    if rec.family == "delta":
-        if rec.decay_kind == "channel" or rec.head_gate is not None:
-            raise PlanError("the delta-family kernels take a scalar per-token gate exp(g) or none; "
-                            "a per-channel or per-head decay is not supported yet")
-        return ALGORITHMS["chunk_delta"], ALGORITHMS["fused_recurrent_delta"]
-    if rec.family == "general_rank1":
-        if rec.decay_kind == "scalar" or rec.head_gate is not None:
-            raise PlanError("the DPLR kernels take a per-channel log gate exp(g) [B, T, H, K] or none; a per-token "
-                            "scalar or per-head decay is not supported yet (broadcast it to [B, T, H, K])")
-        return ALGORITHMS["chunk_dplr"], ALGORITHMS["fused_recurrent_dplr"]
-    raise PlanError(f"no kernels for the '{rec.family}' family; supported: gated, delta, general_rank1")
+# The chunk algorithm of each kernel family, and the decode algorithm of each rank-1 kind.
+CHUNK_ALGORITHM: dict[Family, str] = {
+    Family.GATED_SCALAR: "chunk_scalar_gate",
+    Family.GATED_CHANNEL: "chunk_channel_gate",
+    Family.DELTA: "chunk_delta",
+    Family.GENERAL: "chunk_dplr",
+}
+RECURRENT_ALGORITHM: dict[RankOne, str] = {
+    RankOne.NONE: "fused_recurrent_gated",
+    RankOne.DELTA: "fused_recurrent_delta",
+    RankOne.GENERAL: "fused_recurrent_dplr",
+}
+
+
+def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:
+    """The kernel features of a recurrence (lowered here), or the features themselves."""
+    if isinstance(rec, KernelFeatures):
+        return rec
+    from fla_gen.lower import lower  # lower builds on canonical, as this module does
+
+    return lower(rec).features
+
+
+def select_algorithms(rec: Recurrence | KernelFeatures) -> tuple[Algorithm, Algorithm]:
+    """The (chunk, fused recurrent) algorithms for a recurrence's kernel features."""
+    features = kernel_features(rec)
+    chunk = ALGORITHMS[CHUNK_ALGORITHM[features.family]]
+    if not features.any_decay:
+        chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
+    return chunk, ALGORITHMS[RECURRENT_ALGORITHM[features.rank1]]
 
 
 @dataclass(frozen=True)
 class KernelInputs:
-    """The tensors the launchers take: fixed launcher names (q, k, v, g, g_gamma, beta) bound to
-    the spec's input names."""
+    """The tensors the launchers take: fixed launcher names (q, k, v, g, g_gamma, beta, a, b) and the
+    declared input each reads directly (None where the lowering derives the value)."""
 
     names: tuple[str, ...]
-    inputs: tuple[str, ...]
-
-
-def _is_plain(sv) -> bool:
-    return sv.input is not None and not sv.coef
-
-
-def _single_input_coef(sv) -> str | None:
-    """The name of the one per-token scalar input that scales ``sv`` (β in β k), else None."""
-    if len(sv.coef) == 1 and getattr(sv.coef[0], "role", None) == "input":
-        return sv.coef[0].name
-    return None
-
-
-def _coef_tags(coef) -> list[str]:
-    """Scalar factors as tags: -1 -> "neg1", exp(g) -> "exp:g", anything else -> "other"."""
-    tags = []
-    for c in coef:
-        if getattr(c, "value", None) == -1.0:
-            tags.append("neg1")
-        elif getattr(c, "fn", None) == "exp" and getattr(c.args[0], "role", None) == "input":
-            tags.append(f"exp:{c.args[0].name}")
-        else:
-            tags.append("other")
-    return tags
+    inputs: tuple[str | None, ...]
 
 
 def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
-    """Match the recurrence's terms to the kernels' arguments, or say which term does not fit."""
-    x, y = rec.write
-    names, inputs = ["q"], [rec.query.input]
-    if rec.family == "gated":
-        if not (_is_plain(x) and _is_plain(y)):
-            raise PlanError("the gated kernels need the write term outer(k, v) of two plain inputs")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    elif rec.family == "delta":
-        beta = _single_input_coef(x)
-        lr = rec.low_rank
-        # w must be -exp(g) k with g the state's own decay (or -k without one): S' = exp(g) S first.
-        expected = ["neg1"] + ([f"exp:{rec.token_gate.input}"] if rec.token_gate else [])
-        if not (beta and _is_plain(y) and x.input == lr.u.input == lr.w.input and _single_input_coef(lr.u) == beta
-                and sorted(_coef_tags(lr.w.coef)) == sorted(expected)):
-            raise PlanError("the delta-family kernels need S = exp(g) (I - beta k k^T) S + beta k v^T: the write "
-                            "beta * outer(k, v) and the rank-1 term -beta k (exp(g) k)^T with the same beta and k")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    elif rec.family == "general_rank1":
-        lr = rec.low_rank
-        if not all(_is_plain(sv) for sv in (x, y, lr.u, lr.w)):
-            raise PlanError("the DPLR kernels need S = diag(exp(g)) S + b (a^T S) + k v^T with k, v, a, b plain "
-                            "inputs (no scalar factors): fold a factor into the input it scales")
-        names += ["k", "v"]
-        inputs += [x.input, y.input]
-    else:
-        raise PlanError(f"no kernel bindings for the '{rec.family}' family yet")
-    if rec.token_gate:
-        names.append("g")
-        inputs.append(rec.token_gate.input)
-    if rec.head_gate:
-        names.append("g_gamma")
-        inputs.append(rec.head_gate.input)
-    if rec.family == "delta":
-        names.append("beta")
-        inputs.append(_single_input_coef(x))
-    if rec.family == "general_rank1":
-        # the transition's rank-1 part u w^T = b a^T: a reads the state, b writes the read back
-        names += ["a", "b"]
-        inputs += [rec.low_rank.w.input, rec.low_rank.u.input]
-    return KernelInputs(tuple(names), tuple(inputs))
+    """The launchers' arguments and the inputs bound to them (fla_gen/lower.py decides)."""
+    from fla_gen.lower import lower
+
+    lowered = lower(rec)
+    return KernelInputs(lowered.features.kernel_args, tuple(s.input for s in lowered.slots))
 
 
-def plan_chunk_size(rec: Recurrence, arch: ArchInfo) -> tuple[int, str]:
+def plan_chunk_size(rec: Recurrence | KernelFeatures, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
-    if rec.family == "general_rank1":
+    features = kernel_features(rec)
+    if features.general:
         return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots "
                     "of factors around the middle row on every K block whose gates move at most "
                     "launch.factor_span inside the chunk (checked at run time), else built entry by entry in "
                     "[16, 16, BK] register tiles (never a factor that can overflow)")
-    if rec.decay_kind == "channel":
+    if features.channel_decay:
         return 64, "64-token chunks, intra-chunk decays in 16-token sub-chunks so exp(G_i - G_j) stays <= 1"
     return 64, "64-token chunks: M = 64 fills a wgmma/mma tile; T/64 sequential state steps"
 
@@ -551,14 +504,14 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
     raise PlanError(f"kernel {shape.stage} does not fit {arch.name}'s shared memory even with 16-wide tiles")
 
 
-def plan_fused_walk(rec: Recurrence, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
+def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: KernelShape, arch: ArchInfo, dtype: str,
                     head_dim: int, chunk_size: int) -> LaunchConfig:
     """The config of fwd_fused, the forward that walks the chunks with a whole-K state and writes the outputs
     in one kernel: the measured tiles of FUSED_WALK_TILES (algorithm, a gate or not, head dim), their V tile halved (to
     16) until 2 or more pipeline stages fit the target's shared memory, and the share of the SMs its grid must
     reach at run time (FUSED_WALK_SHARE); min_sm_share None on a target outside FUSED_WALK_ARCHS or where no
     tile fits (the launcher then always takes fwd_h + fwd_o)."""
-    gated = rec.decay_kind != "none"
+    gated = kernel_features(rec).any_decay
     tiles = FUSED_WALK_TILES[(algorithm, gated, head_dim)]
     if tiles is None:
         return _never_launched(head_dim, f"with a gate at head dim {head_dim} it was no faster than fwd_h + fwd_o on "
@@ -602,7 +555,7 @@ def _bounded_config(rule: tuple[int, int, str] | None, cfg: LaunchConfig) -> Lau
     return LaunchConfig(cfg.block_k, block_v or cfg.block_v, warps, cfg.num_stages, reason)
 
 
-def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
+def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
                    bounded: bool = False) -> Plan:
     """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
     measured entry of fla_gen/tuned.py for the same kernel and target. ``bounded``: the plan for calls
@@ -614,6 +567,7 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     if head_dim > 256 or head_dim < 1:
         raise PlanError(f"head dim {head_dim} is outside 1..256, the range these kernels tile")
     arch = ARCHS[arch_name]
+    rec = kernel_features(rec)
     bucket = head_dim_bucket(head_dim)
     gate_bound = None
     if bounded:
@@ -642,16 +596,17 @@ def plan_algorithm(rec: Recurrence, algo: Algorithm, arch_name: str, dtype: str,
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 
 
-def plan_table(rec: Recurrence, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
+def plan_table(rec: Recurrence | KernelFeatures, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
     """Every (arch, dtype, head-dim bucket) plan of an algorithm that fits its target, in a fixed
     order; a combination with no plan is left out, and a call that needs it is refused on the host.
     ``bounded``: the plans for calls with a gate lower bound (see plan_algorithm)."""
+    features = kernel_features(rec)
     plans = []
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in HEAD_DIM_BUCKETS:
                 try:
-                    plans.append(plan_algorithm(rec, algo, arch, dtype, hd, bounded))
+                    plans.append(plan_algorithm(features, algo, arch, dtype, hd, bounded))
                 except PlanError:
                     continue
     return tuple(plans)
