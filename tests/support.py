@@ -22,13 +22,7 @@ VARIANTS_DIR = REPO_ROOT / "tests" / "variants"
 VARIANTS = tuple(sorted(p.stem for p in VARIANTS_DIR.glob("*.fla")))
 # Variants the compiler refuses until the lowering stage lands (canonicalize or plan rejects them). Tests leave
 # them out of their parametrization rather than skip them, so only variants that build are counted.
-AWAITING_LOWERING = frozenset({
-    "const_decay", "const_write", "delta_const_beta", "delta_head_decay", "delta_read_key", "delta_sigmoid_beta",
-    "delta_then_decay", "delta_token_head_decay", "derived_key", "derived_query", "dplr_head_gate",
-    "dplr_scalar_gate", "gated_delta_sigmoid_decay", "gla_l2norm_gated_value", "hgrn2", "kda", "param_decay",
-    "retention_input_gate", "rwkv7_derived", "scalar_write", "sigmoid_decay", "softplus_channel_decay", "ssd",
-    "ssd_shared_step", "two_decays",
-})
+AWAITING_LOWERING: frozenset[str] = frozenset()
 
 
 @cache
