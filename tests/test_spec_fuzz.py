@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.errors import SpecError
-from fla_gen.parse import parse_spec
 from fla_gen.lower import LoweringError
+from fla_gen.parse import parse_spec
 from fla_gen.plan import PlanError, bind_kernel_inputs, select_algorithms
 
 SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.fla"))
