@@ -59,4 +59,4 @@ def test_variant_compiles_for_every_target(tmp_path, variant):
         kernels = {r["kernel"] for r in rows if r["cap"] == cap}
         assert any("recurrent_fwd" in k for k in kernels) and any("recurrent_bwd" in k for k in kernels), (cap, kernels)
         assert len(kernels) >= 4, (cap, kernels)  # the chunk ops' forward and backward kernels besides
-    assert {r["variant"] for r in rows if r["cap"] in (89, 90)} == {"dense", "varlen"}
+    assert {r["variant"] for r in rows if r["cap"] in (89, 90)} >= {"dense", "varlen"}
