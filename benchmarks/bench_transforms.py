@@ -125,7 +125,7 @@ def main() -> int:
         rows.append(row)
     # The transforms alone: what fusion saves is the gap between these two lines.
     transforms = getattr(importlib.import_module(f"generated.{OP}.transforms"), f"{OP}_transforms")
-    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None)
+    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None, HV=H)
     with torch.no_grad():
         t_torch = median_ms(lambda: torch_transforms(*[leaves[n] for n in names]), args.device)
         t_kernel = median_ms(lambda: transforms(*[leaves[n] for n in ("q", "k", "g", "beta", "A_log", "dt_bias")],

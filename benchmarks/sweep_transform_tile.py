@@ -50,7 +50,7 @@ def main() -> int:
     q, k = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
     g, beta = (torch.randn(B, T, H, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
     A_log, dt_bias = (torch.randn(H, device="cuda", requires_grad=True) for _ in range(2))
-    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None)
+    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None, HV=H)
     grads = [torch.randn_like(q), torch.randn_like(k), torch.randn(B, T, H, device="cuda"), torch.randn_like(beta)]
     elem = 2
     fwd_bytes = B * T * H * (4 * D * elem + 2 * elem + 4 + elem)  # q, k in and out; g, beta in; g fp32, beta out

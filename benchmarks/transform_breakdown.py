@@ -112,7 +112,7 @@ def main() -> int:
     B, T, H, D = args.B, args.T, args.H, args.D
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     dev = args.device
-    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None)
+    call = CallShape(B=B, T=T, H=H, K=D, V=D, N=B, dtype=dtype, cu_seqlens_cpu=None, HV=H)
     gen = torch.Generator(device=dev).manual_seed(0)
 
     def randn(*shape, dt=dtype):

@@ -48,11 +48,10 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
     x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
     extra = {}
     if bounded:
-        # gate inputs at 0: a plain log gate of 0 respects any bound; a derived gate's value at 0 is checked
-        # against the bound by the op itself
+        # every input of the gate at 0 (the token gate and a per-head one: the bound holds for their sum); a
+        # derived gate's value at 0 is checked against the bound by the op itself
         for name in lower(rec).gate_inputs:
-            if rec.spec.input(name).per_token:
-                x[name] = torch.zeros_like(x[name])
+            x[name] = torch.zeros_like(x[name])
         extra["gate_lower_bound"] = _AOT_GATE_BOUND
     N = 3 if varlen else B
     h0 = torch.zeros(N, H, K, V, requires_grad=True)
@@ -68,6 +67,13 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         # the decode path: without autograd the recurrent forward applies a spec's transforms inline
         with torch.no_grad():
             fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra)
+    if rec.spec.flags:
+        # the transform kernels as compiled with every guarded line switched on (the calls above ran with
+        # the flags' defaults); keyword inputs of those lines given as zeros
+        switched = {f.name: True for f in rec.spec.flags}
+        switched.update({i.name: torch.zeros(H) for i in rec.spec.guarded_inputs})
+        o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
+        torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -4,19 +4,20 @@ Every supported update is an instance of
 
     S_t = (diag(α_t) + u_t w_tᵀ) S_{t-1} + x_t y_tᵀ,        o_t = c · S_tᵀ q_t
 
-with α_t = exp(log gate) (1 when there is no gate). The declared update statements are
+with α_t a positive decay (1 when there is none). The declared update statements are
 expanded into a sum of terms, each a product of left factors (a scalar, a diagonal, or a
 rank-1 matrix u wᵀ) applied to the previous state or to a write ``outer(x, y)``; the terms
-are then sorted into the transition's diagonal part, its low-rank part and the write.
-The algorithm family follows from that structure alone (never from the op's name):
-no low-rank term → ``gated``; u and w multiples of one key input → ``delta``; else
-``general_rank1`` (the DPLR form).
+are then sorted into the transition's diagonal part, its low-rank part and the write, and the
+diagonal part's factors are taken to log space (exp(g) → g, sigmoid(f) → -softplus(-f), c > 0 →
+log c). Which kernels run the result follows from that structure alone, never from the op's name:
+the lowering (fla_gen/lower.py) decides.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 from fla_gen.errors import Pos, SpecErrorFactory
 from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref, Ty, widest
@@ -24,13 +25,29 @@ from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref, Ty, widest
 # ----------------------------------------------------------------------------- normal form
 
 
+class GateKind(Enum):
+    """How a plain gate input varies: per token ([B, T, H]), per token and key channel ([B, T, H, K]),
+    or per head ([H], constant over time)."""
+
+    SCALAR = "scalar"
+    CHANNEL = "channel"
+    HEAD = "head"
+
+
+class FactorKind(Enum):
+    """A left factor of an expanded term: a scalar, a diagonal matrix diag(x), or a rank-1 matrix u wᵀ."""
+
+    SCALAR = "scalar"
+    DIAG = "diag"
+    RANK1 = "rank1"
+
+
 @dataclass(frozen=True)
 class GateTerm:
-    """One input inside the log gate: ``kind`` is ``scalar`` (per token, [B, T, H]),
-    ``channel`` (per token and key channel, [B, T, H, K]) or ``head`` (a per-head constant, [H])."""
+    """One plain input inside the log gate, and how it varies."""
 
     input: str
-    kind: str
+    kind: GateKind
 
 
 @dataclass(frozen=True)
@@ -52,18 +69,16 @@ class LowRank:
 
 @dataclass(frozen=True)
 class Recurrence:
-    """A spec proven to be in the normal form, with its algorithm family.
+    """A spec proven to be in the normal form.
 
-    ``decay``: the terms of the log gate, α = exp(Σ terms) (empty: α = 1);
-    ``decay_kind``: ``none``, ``scalar`` or ``channel``; ``low_rank``: None or u wᵀ;
-    ``write``: x yᵀ; ``query``: the key-dim input q of o = coef · Sᵀ q; ``out_coef``: the
-    scalar factors of the output (params and numbers).
+    ``log_gate``: log α_t as an expression (None: α = 1), ``decay_factors`` the factors it came from;
+    ``decay``: the log gate as plain gate inputs where it is a sum of them (g + g_gamma), else empty;
+    ``low_rank``: None or u wᵀ; ``write``: x yᵀ; ``query``: the read vector q of o = coef · Sᵀ q, its
+    scalar factors peeled off. Which kernels run it is the lowering's choice (fla_gen/lower.py).
     """
 
     spec: CheckedSpec
-    family: str
     decay: tuple[GateTerm, ...]
-    decay_kind: str
     low_rank: LowRank | None
     write: tuple[ScaledVector, ScaledVector]
     query: ScaledVector
@@ -73,11 +88,11 @@ class Recurrence:
 
     @property
     def token_gate(self) -> GateTerm | None:
-        return next((t for t in self.decay if t.kind != "head"), None)
+        return next((t for t in self.decay if t.kind is not GateKind.HEAD), None)
 
     @property
     def head_gate(self) -> GateTerm | None:
-        return next((t for t in self.decay if t.kind == "head"), None)
+        return next((t for t in self.decay if t.kind is GateKind.HEAD), None)
 
 
 # ----------------------------------------------------------------------------- expansion
@@ -85,7 +100,7 @@ class Recurrence:
 
 @dataclass(frozen=True)
 class _Factor:
-    kind: str  # "scal" | "diag" | "rank1"
+    kind: FactorKind
     a: Node
     b: Node | None = None  # w of a rank-1 factor u wᵀ
 
@@ -126,6 +141,16 @@ def _neg(a: Node, pos: Pos) -> Node:
     return Apply("neg", (a,), a.ty, pos)
 
 
+def _coef_first(n: Apply) -> tuple[Node, Node]:
+    """The (scalar or vector factor, matrix or vector) operands of a product, whichever side the spec wrote the
+    factor on: ``S * exp(g)`` and ``exp(g) * S`` are one term, as are ``S^T @ q * scale`` and ``scale * S^T @ q``."""
+    a, b = n.args
+    if len(b.ty.dims) < len(a.ty.dims) or (len(a.ty.dims) == len(b.ty.dims) and b.ty.varies != "state"
+                                           and a.ty.varies == "state"):
+        return b, a
+    return a, b
+
+
 class _Expander:
     def __init__(self, spec: CheckedSpec) -> None:
         self.spec = spec
@@ -147,21 +172,21 @@ class _Expander:
         if fn in ("add", "sub"):
             right = self.mat(args[1])
             if fn == "sub":
-                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+                right = self.scale(right, _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
             return self.mat(args[0]) + right
         if fn == "neg":
-            return self.scale(self.mat(args[0]), _Factor("scal", _lit(-1.0, n.pos)))
+            return self.scale(self.mat(args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
         if fn == "mul":
-            coef, m = args
+            coef, m = _coef_first(n)
             if coef.ty.dims == ():
-                return self.scale(self.mat(m), _Factor("scal", coef))
+                return self.scale(self.mat(m), _Factor(FactorKind.SCALAR, coef))
             if coef.ty.dims[0] != self.spec.key_dim:
                 raise self.err(n.pos, f"'*' scales the state's {coef.ty.dims[0]} columns; a transition scales "
                                       f"its rows: use a [{self.spec.key_dim}] vector (diag(x) @ S)")
-            return self.scale(self.mat(m), _Factor("diag", coef))
+            return self.scale(self.mat(m), _Factor(FactorKind.DIAG, coef))
         if fn == "div":
             inv = Apply("div", (_lit(1.0, n.pos), args[1]), args[1].ty, n.pos)
-            return self.scale(self.mat(args[0]), _Factor("scal", inv))
+            return self.scale(self.mat(args[0]), _Factor(FactorKind.SCALAR, inv))
         if fn == "matmul":
             left, right = args
             if self.has_state(left):
@@ -181,7 +206,7 @@ class _Expander:
                                       "be linear in S, with the state read as S^T @ w")
             vec = self.vec(y)
             terms = tuple(_MatTerm((), (x, c)) for c in vec.const)
-            return terms + tuple(_MatTerm((_Factor("rank1", x, w),), None) for w in vec.reads)
+            return terms + tuple(_MatTerm((_Factor(FactorKind.RANK1, x, w),), None) for w in vec.reads)
         if fn == "transpose":
             raise self.err(n.pos, "a transposed state cannot be updated; the update is A @ S + outer(x, y)")
         raise self.err(n.pos, f"'{fn}' of the state is not linear in S")
@@ -192,28 +217,36 @@ class _Expander:
         if isinstance(n, Apply) and n.fn in ("add", "sub"):
             right = self.free_matrix(n.args[1])
             if n.fn == "sub":
-                right = self.scale(right, _Factor("scal", _lit(-1.0, n.pos)))
+                right = self.scale(right, _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
             return self.free_matrix(n.args[0]) + right
         if isinstance(n, Apply) and n.fn == "mul":
-            coef, m = n.args
-            kind = "scal" if not coef.ty.dims else "diag"
+            coef, m = _coef_first(n)
+            kind = FactorKind.SCALAR if not coef.ty.dims else FactorKind.DIAG
             return self.scale(self.free_matrix(m), _Factor(kind, coef))
+        if isinstance(n, Apply) and n.fn == "div" and not n.args[1].ty.dims:
+            inv = Apply("div", (_lit(1.0, n.pos), n.args[1]), n.args[1].ty, n.pos)
+            return self.scale(self.free_matrix(n.args[0]), _Factor(FactorKind.SCALAR, inv))
+        if isinstance(n, Apply) and n.fn == "neg":
+            return self.scale(self.free_matrix(n.args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)))
+        if isinstance(n, Apply) and n.fn == "transpose" and isinstance(n.args[0], Apply) and n.args[0].fn == "outer":
+            x, y = n.args[0].args  # (x yᵀ)ᵀ = y xᵀ
+            return (_MatTerm((), (y, x)),)
         raise self.err(n.pos, "a matrix term that is neither outer(x, y) nor applied to the state")
 
     def left_operator(self, n: Node) -> list[tuple[_Factor, ...]]:
         """A state-free [K, K] matrix as a sum of factor products (diag, outer, their sums)."""
         if isinstance(n, Apply):
             if n.fn == "diag":
-                return [(_Factor("diag", n.args[0]),)]
+                return [(_Factor(FactorKind.DIAG, n.args[0]),)]
             if n.fn == "outer":
-                return [(_Factor("rank1", n.args[0], n.args[1]),)]
+                return [(_Factor(FactorKind.RANK1, n.args[0], n.args[1]),)]
             if n.fn in ("add", "sub"):
                 right = self.left_operator(n.args[1])
                 if n.fn == "sub":
-                    right = [(_Factor("scal", _lit(-1.0, n.pos)),) + f for f in right]
+                    right = [(_Factor(FactorKind.SCALAR, _lit(-1.0, n.pos)),) + f for f in right]
                 return self.left_operator(n.args[0]) + right
             if n.fn == "mul" and not n.args[0].ty.dims:
-                return [(_Factor("scal", n.args[0]),) + f for f in self.left_operator(n.args[1])]
+                return [(_Factor(FactorKind.SCALAR, n.args[0]),) + f for f in self.left_operator(n.args[1])]
             if n.fn == "matmul":
                 return [a + b for a in self.left_operator(n.args[0]) for b in self.left_operator(n.args[1])]
         raise self.err(n.pos, "the matrix applied to the state must be built from diag(x), outer(u, w), "
@@ -236,8 +269,12 @@ class _Expander:
         if n.fn == "neg":
             a = self.vec(n.args[0])
             return _VecSum(tuple(_neg(c, n.pos) for c in a.const), tuple(_neg(w, n.pos) for w in a.reads))
-        if n.fn == "mul" and not n.args[0].ty.dims and not self.has_state(n.args[0]):
-            s, a = n.args[0], self.vec(n.args[1])
+        if n.fn == "div" and not n.args[1].ty.dims and not self.has_state(n.args[1]):
+            inv = Apply("div", (_lit(1.0, n.pos), n.args[1]), n.args[1].ty, n.pos)
+            a = self.vec(n.args[0])
+            return _VecSum(tuple(_mul(inv, c, n.pos) for c in a.const), tuple(_mul(inv, w, n.pos) for w in a.reads))
+        if n.fn == "mul" and not _coef_first(n)[0].ty.dims and not self.has_state(_coef_first(n)[0]):
+            s, a = _coef_first(n)[0], self.vec(_coef_first(n)[1])
             return _VecSum(tuple(_mul(s, c, n.pos) for c in a.const), tuple(_mul(s, w, n.pos) for w in a.reads))
         if n.fn == "matmul":
             m, w = n.args
@@ -260,9 +297,9 @@ class _Expander:
             if m.fn == "transpose":
                 return self.mat(m.args[0])
             if m.fn == "mul" and not m.args[0].ty.dims:
-                return self.scale(self.transposed(m.args[1]), _Factor("scal", m.args[0]))
+                return self.scale(self.transposed(m.args[1]), _Factor(FactorKind.SCALAR, m.args[0]))
             if m.fn == "neg":
-                return self.scale(self.transposed(m.args[0]), _Factor("scal", _lit(-1.0, m.pos)))
+                return self.scale(self.transposed(m.args[0]), _Factor(FactorKind.SCALAR, _lit(-1.0, m.pos)))
         raise self.err(m.pos, f"the state is read as {self.spec.state_name}^T @ w; this matrix is not a "
                               f"(scaled) transposed state")
 
@@ -273,7 +310,7 @@ class _Expander:
         for t in terms:
             wt = w
             for f in t.factors:  # (F1 F2 ... T)ᵀ w = Tᵀ ... F2ᵀ F1ᵀ w: F1 acts first
-                if f.kind in ("scal", "diag"):
+                if f.kind in (FactorKind.SCALAR, FactorKind.DIAG):
                     wt = _mul(f.a, wt, pos)
                 else:  # (u bᵀ)ᵀ w = b (u·w)
                     wt = _mul(_dot(f.a, wt, pos), f.b, pos)
@@ -289,11 +326,14 @@ class _Expander:
 
 
 def _split_scaled(n: Node, coef: tuple[Node, ...] = ()) -> ScaledVector:
-    """Peel scalar factors off a vector expression: β * (2 * k) → coef (β, 2), input k."""
+    """Peel scalar factors off a vector expression, on either side: β * (2 * k) and k * β * 2 → input k
+    with the factors as coef."""
     if isinstance(n, Ref) and n.role == "input":
         return ScaledVector(coef, n.name, n)
-    if isinstance(n, Apply) and n.fn == "mul" and not n.args[0].ty.dims:
-        return _split_scaled(n.args[1], coef + (n.args[0],))
+    if isinstance(n, Apply) and n.fn == "mul":
+        factor, vector = _coef_first(n)
+        if not factor.ty.dims:
+            return _split_scaled(vector, coef + (factor,))
     if isinstance(n, Apply) and n.fn == "neg":
         return _split_scaled(n.args[0], coef + (_lit(-1.0, n.pos),))
     return ScaledVector(coef, None, n)
@@ -366,7 +406,7 @@ class _Sorter:
         if len(terms) > 1:
             raise self.err(self.pos, f"the transition has {len(terms)} low-rank terms; one (rank 1) is supported")
         (t,) = terms
-        ranks = [i for i, f in enumerate(t.factors) if f.kind == "rank1"]
+        ranks = [i for i, f in enumerate(t.factors) if f.kind is FactorKind.RANK1]
         if len(ranks) > 1:
             raise self.err(self.pos, "a term applies two rank-1 factors to the state; one is supported")
         i = ranks[0]
@@ -385,14 +425,14 @@ class _Sorter:
         (t,) = terms
         x, y = t.tail
         for f in reversed(t.factors):
-            if f.kind == "rank1":
+            if f.kind is FactorKind.RANK1:
                 raise self.err(self.pos, "a rank-1 matrix applied to a write term is not supported")
             x = _mul(f.a, x, self.pos)
         return _split_scaled(x), _split_scaled(y)
 
 
 def canonicalize(spec: CheckedSpec) -> Recurrence:
-    """Prove that the spec's update has the normal form and pick its algorithm family.
+    """Prove that the spec's update has the normal form.
 
     Raises:
         SpecError: naming the term that does not fit (not linear in S, two decays, ...).
@@ -402,8 +442,8 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         ex.state = ex.mat(update)
     first = spec.updates[0].pos
     sorter = _Sorter(spec, first)
-    diag_terms = [t for t in ex.state if t.tail is None and all(f.kind != "rank1" for f in t.factors)]
-    rank_terms = [t for t in ex.state if t.tail is None and any(f.kind == "rank1" for f in t.factors)]
+    diag_terms = [t for t in ex.state if t.tail is None and all(f.kind is not FactorKind.RANK1 for f in t.factors)]
+    rank_terms = [t for t in ex.state if t.tail is None and any(f.kind is FactorKind.RANK1 for f in t.factors)]
     write_terms = [t for t in ex.state if t.tail is not None]
     low_rank = sorter.low_rank(rank_terms)
     write = sorter.write(write_terms)
@@ -419,19 +459,7 @@ def canonicalize(spec: CheckedSpec) -> Recurrence:
         raise err(spec.output.pos, f"the output must read the state once, c * {spec.state_name}^T @ q")
 
     log_gate, decay_factors = sorter.decay(diag_terms)
-    decay = _plain_gate_terms(spec, log_gate)
-    kinds = {t.kind for t in decay or ()}
-    if log_gate is not None and (decay is None or len(decay) != len(_sum_terms(log_gate))):
-        decay = ()  # an expression, not a sum of plain gate inputs: the lowering derives it
-        kinds = {"channel" if log_gate.ty.dims else "scalar"}
-    decay_kind = "channel" if "channel" in kinds else ("scalar" if kinds else "none")
-    if low_rank is None:
-        family = "gated"
-    elif low_rank.u.input is not None and low_rank.u.input == low_rank.w.input:
-        family = "delta"
-    else:
-        family = "general_rank1"
-    return Recurrence(spec, family, decay or (), decay_kind, low_rank, write, query, log_gate, decay_factors)
+    return Recurrence(spec, _plain_gate_terms(spec, log_gate) or (), low_rank, write, query, log_gate, decay_factors)
 
 
 def _sum_terms(n: Node) -> tuple[Node, ...]:
@@ -452,10 +480,10 @@ def _plain_gate_terms(spec: CheckedSpec, log_gate: Node | None) -> tuple[GateTer
         if not (isinstance(t, Ref) and t.role == "input"):
             return None
         info = spec.input(t.name)
-        kind = ("channel" if info.vec_dim else "scalar") if info.per_token else "head"
-        if kind == "head" and info.vec_dim:
+        kind = (GateKind.CHANNEL if info.vec_dim else GateKind.SCALAR) if info.per_token else GateKind.HEAD
+        if kind is GateKind.HEAD and info.vec_dim:
             return None
         terms.append(GateTerm(t.name, kind))
-    token = [t for t in terms if t.kind != "head"]
-    head = [t for t in terms if t.kind == "head"]
+    token = [t for t in terms if t.kind is not GateKind.HEAD]
+    head = [t for t in terms if t.kind is GateKind.HEAD]
     return tuple(terms) if len(token) <= 1 and len(head) <= 1 else None

@@ -15,20 +15,29 @@ from pathlib import Path
 import jinja2
 
 from fla_gen import __version__
-from fla_gen.canonical import Recurrence
-from fla_gen.features import RankOne
-from fla_gen.ir import Apply, Lit, Node, Ref
-from fla_gen.lower import Lowered, Slot, SlotSource, lower
-from fla_gen.plan import Algorithm, bind_kernel_inputs, gate_bound_for_chunk, plan_table, select_algorithms
+from fla_gen.canonical import GateKind, Recurrence
+from fla_gen.host_code import render_scalar
+from fla_gen.ir import Apply, Heads, Node, Ref
+from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
+from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
+from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
-from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, plan_transforms
+from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, pass_outputs, plan_transforms
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = data_dir("templates")
+# Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
+# q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
+# every H-head input to HV heads and runs the op ungrouped.
+GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja"})
+# The kernel arguments a grouping kernel reads at the query/key head (the others at the value head).
+_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
+# Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
+_LETTER_NAMES = {"G": "HV"}
+
 
 def _layout_shape(layout: str) -> str:
-    return "[" + ", ".join(layout) + "]"
-_MATH_FN = {"exp": "math.exp", "log": "math.log"}
+    return "[" + ", ".join(_LETTER_NAMES.get(c, c) for c in layout) + "]"
 
 
 @dataclass(frozen=True)
@@ -74,24 +83,6 @@ def per_row_block(*lines: str, start: int = 0) -> str:
     return "\n".join(out)
 
 
-def render_scalar(n: Node, dim_prefix: str = "") -> str:
-    """Python code for a call-time scalar (numbers, head dims, params): ``K ** -0.5``."""
-    if isinstance(n, Lit):
-        return repr(float(n.value)) if n.value != int(n.value) else str(int(n.value))
-    if isinstance(n, Ref):
-        return f"{dim_prefix}{n.name}" if n.role == "dim" else n.name
-    assert isinstance(n, Apply)
-    r = [render_scalar(a, dim_prefix) for a in n.args]
-    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
-    if n.fn in binary:
-        return f"{r[0]} {binary[n.fn]} {r[1]}" if n.fn == "pow" else f"({r[0]} {binary[n.fn]} {r[1]})"
-    if n.fn == "neg":
-        return f"-{r[0]}"
-    if n.fn in _MATH_FN:
-        return f"{_MATH_FN[n.fn]}({r[0]})"
-    raise ValueError(f"'{n.fn}' cannot be evaluated on the host")
-
-
 def _summary(source: str) -> str:
     lines = []
     for line in source.splitlines():
@@ -124,30 +115,55 @@ def _arg_doc(rec: Recurrence, name: str, layout: str) -> str:
     roles = {rec.query.input: "queries", rec.write[0].input: "keys", rec.write[1].input: "values"}
     for t in rec.decay:
         roles[t.input] = {
-            "scalar": "log-space decay per token (decay = exp(g))",
-            "channel": "log-space decay per token and key channel (decay = exp(g))",
-            "head": "log-space decay per head, constant over time",
+            GateKind.SCALAR: "log-space decay per token (decay = exp(g))",
+            GateKind.CHANNEL: "log-space decay per token and key channel (decay = exp(g))",
+            GateKind.HEAD: "log-space decay per head, constant over time",
         }[t.kind]
     transforms = [t for t in rec.spec.transforms if name in t.targets]
     reads = [t for t in rec.spec.transforms if t.expr is not None and name not in t.targets
              and _reads(t.expr, name)]
-    if transforms:
+    if transforms and all(t.guard for t in transforms):
+        when = " or ".join(sorted({t.guard for t in transforms}))
+        roles[name] = f"{roles.get(name, 'input')}; transformed first when {when} (see above)"
+    elif transforms:
         roles[name] = f"{roles.get(name, 'input')}, raw: the spec transforms it first (see above)"
     elif reads:
         roles[name] = f"per-head parameter of the transform of {', '.join(t.targets[0] for t in reads)}"
     doc = f"{shape} {roles.get(name, 'input')}"
+    if rec.spec.grouped and rec.spec.input(name).heads is Heads.H:
+        doc += "; each of its H heads serves HV / H consecutive value heads"
     if rec.spec.input(name).optional:
         doc += "; optional, None means zeros"
     return doc
+
+
+def _flag_doc(rec: Recurrence, flag: str) -> list[str]:
+    """What a flag switches on: the transform lines it guards, as written in the spec."""
+    src = rec.spec.source.splitlines()
+    return [src[t.pos.line - 1].split("#")[0].strip().removeprefix("transform ").rsplit(" if ", 1)[0]
+            for t in rec.spec.transforms if t.guard == flag]
+
+
+def _option_code(value: bool | float | None) -> str:
+    """Python code of an option's value: None, True, False or a number (an int when whole)."""
+    if isinstance(value, float) and value == int(value):
+        return str(int(value))
+    return repr(value)
+
+
+def _option_type(value: bool | float | None) -> str:
+    """The annotation of an option's keyword."""
+    if value is None:
+        return "object"
+    if isinstance(value, bool):
+        return "bool"
+    return "int" if value == int(value) else "float"
 
 
 def _reads(n: Node, name: str) -> bool:
     if isinstance(n, Ref):
         return n.name == name
     return isinstance(n, Apply) and any(_reads(a, name) for a in n.args)
-
-
-_FAMILY_NAMES = {RankOne.NONE: "gated", RankOne.DELTA: "delta", RankOne.GENERAL: "general_rank1"}
 
 
 def _common_context(lowered: Lowered) -> dict:
@@ -157,8 +173,10 @@ def _common_context(lowered: Lowered) -> dict:
     value_input = next(i.name for i in spec.inputs if i.per_token and i.vec_dim == spec.value_dim)
     args = []
     for i in spec.inputs:
-        layout = ("BTH" if i.per_token else "H") + {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
-        dim_names = {"K": spec.key_dim, "V": spec.value_dim}
+        heads = "G" if i.heads is Heads.HV else "H"
+        vec = {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
+        layout = ("BT" + heads if i.per_token else heads) + vec
+        dim_names = {"K": spec.key_dim, "V": spec.value_dim, **_LETTER_NAMES}
         args.append({
             "name": i.name,
             "layout": layout,
@@ -169,8 +187,22 @@ def _common_context(lowered: Lowered) -> dict:
             "doc": _arg_doc(rec, i.name, layout),
             "role": _arg_role(lowered, i.name),
             "zeros_shape": ", ".join(dim_names.get(c, c) for c in layout),
+            # In a grouped spec: the dim along which an H-head input repeats to HV heads, else None.
+            "group_dim": (2 if i.per_token else 0) if spec.grouped and i.heads is Heads.H else None,
         })
+    guarded_args = [{
+        "name": i.name, "guard": i.guard, "optional": i.optional,
+        "doc": (f"[H] per-head parameter of the transform of "
+                f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
+                f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),
+    } for i in spec.guarded_inputs]
     return {
+        "guarded_args": guarded_args,
+        "flags": [{"name": f.name, "default": f.default, "requires": f.requires,
+                   "doc": "; ".join(_flag_doc(rec, f.name))} for f in spec.flags],
+        "options": [{"name": o.name, "value": _option_code(o.value),
+                     "type": _option_type(o.value)}
+                    for o in spec.options],
         "version": __version__,
         "spec_path": Path(spec.path).as_posix(),
         "spec_hash": spec.source_hash,
@@ -183,18 +215,45 @@ def _common_context(lowered: Lowered) -> dict:
         "key_input": key_input,
         "value_input": value_input,
         "state": spec.state_name,
-        "family": _FAMILY_NAMES[lowered.features.rank1],
+        "family": lowered.features.rank1.name,
+        "grouped": spec.grouped,
+        # the state's and the output's heads, for docstrings
+        "state_heads": "HV" if spec.grouped else "H",
     }
+
+
+# Kernel arguments read at the query/key head of each value head when the kernels group heads.
+_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
+
+
+def kernel_groups_heads(lowered: Lowered, algo: Algorithm) -> bool:
+    """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
+    whose template is in GROUPING_TEMPLATES, whose key-side arguments (q, k, a, b) read only H-head inputs
+    and whose other arguments read only HV-head inputs. Otherwise a grouped op repeats its H-head inputs on
+    the host.
+
+    The pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its sources, so
+    a pass that reads inputs on both H and HV keeps the host-side repeat too."""
+    spec = lowered.rec.spec
+    if not spec.grouped or algo.template not in GROUPING_TEMPLATES:
+        return False
+    for s in lowered.slots:
+        heads = {spec.input(n).heads for n in inputs_read(s.expr)}
+        if heads - {Heads.H if s.arg in _KEY_SIDE_ARGS else Heads.HV}:
+            return False
+    sources = set(spec.transformed) | {n for s in pass_outputs(lowered) for n in inputs_read(s.expr)}
+    return len({spec.input(n).heads for n in sources if spec.input(n).per_token}) <= 1
 
 
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
     """The launcher's positional tensors (fixed names), the public expressions passed for them, and
     which of them may be None. A slot the lowering derives is the local ``_<arg>`` (_derived_block)."""
     optional = {i.name for i in lowered.rec.spec.inputs if i.optional}
+    transformed = set(lowered.rec.spec.transformed)
     exprs, may_be_none = [], []
     for s in lowered.slots:
         x = s.input
-        if x is None:
+        if x is None or x in transformed:  # computed by the pass or on the host
             exprs.append(f"_{s.arg}")
         elif x in optional:
             exprs.append(f"None if {x} is None else {x}.contiguous()")
@@ -202,6 +261,12 @@ def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]
             exprs.append(f"{x}.contiguous()")
         may_be_none.append(x in optional)
     return list(lowered.features.kernel_args), exprs, may_be_none
+
+
+def _raw_values(lowered: Lowered) -> list[str]:
+    """The launch values of a kernel that applies the transforms itself (the inlined decode path): every
+    INPUT slot's raw input."""
+    return [f"{s.input}.contiguous()" if s.input else f"_{s.arg}" for s in lowered.slots]
 
 
 def _slot_code(s: Slot, lowered: Lowered) -> str:
@@ -224,12 +289,12 @@ def _slot_code(s: Slot, lowered: Lowered) -> str:
 def _derived_block(lowered: Lowered) -> str:
     """The public op's lines computing the slots the kernels do not read directly (indented 4), after the
     spec's transforms; empty when every slot is an input."""
-    slots = [s for s in lowered.slots if s.source is not SlotSource.INPUT]
+    slots = lowered.host
     if not slots:
         return ""
     first = next(i.name for i in lowered.rec.spec.inputs if i.per_token and not i.optional)
     lines = [f"call_device = {first}.device",
-             "# slots of the normal form that are expressions of the inputs (fla_gen/lower.py)"]
+             "# slots of the normal form that are per-head or call-time expressions (fla_gen/lower.py)"]
     lines += [f"_{s.arg} = {_slot_code(s, lowered)}" for s in slots]
     return "\n".join("    " + ln for ln in lines)
 
@@ -240,18 +305,27 @@ def _kernel_scale(lowered: Lowered) -> str:
     return " * ".join(f"float({render_scalar(c, 'call.')})" for c in lowered.scale)
 
 
+def _bounded_gate(lowered: Lowered) -> str | None:
+    """The per-token log decay a ``gate_lower_bound`` bounds, in the spec's names: the token gate, plus
+    the head gate where both are declared (``g + g_gamma``); None without a decay."""
+    names = [(s.input or render_expr(s.expr)) for s in lowered.slots if s.arg in ("g", "g_gamma")]
+    return " + ".join(names) or None
+
+
 def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -> str:
     rec = lowered.rec
     features = lowered.features
     op = rec.spec.op
     public = f"chunk_{op}" if chunked else f"fused_recurrent_{op}"
     launch_args, launch_values, launch_optional = _kernel_bindings(lowered)
-    transforms = plan_transforms(rec)
+    transforms = plan_transforms(lowered)
     derived_block = _derived_block(lowered)
     inline = None
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
-        inline = inline_transforms(transforms, bind_kernel_inputs(rec))
+        inline = inline_transforms(transforms, lowered)
     transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
+    # Transforms inlined into the decode kernel index its rows by value head: that kernel runs ungrouped.
+    groups_heads = kernel_groups_heads(lowered, algo) and inline is None
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -261,7 +335,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "kernel_names": [f"{op}_{k.stage}_kernel" for k in algo.kernels],
         "kernel_template_path": algo.template,
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
-            op=op, token_gate=features.token_gate, head_gate=features.head_decay, features=features,
+            op=op, token_gate=features.token_gate, head_gate=features.head_decay,
+            features=dataclasses.replace(features, grouped=groups_heads),
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,
@@ -281,16 +356,22 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         ],
         "token_gate": features.token_gate,
         "head_gate": features.head_decay,
-        # the gate whose lower bound selects BOUNDED_CHUNK_PLANS, or None
-        "bounded_gate": (lowered.slot("g").input or "g") if chunked and algo.bounded_chunk_size
-        and features.token_gate else None,
+        # the log gate whose lower bound selects BOUNDED_CHUNK_PLANS (the spec's names), or None, and the
+        # launcher tensors the check reads: the per-token gate, then a per-head one added to it
+        "bounded_gate": _bounded_gate(lowered) if chunked and algo.bounded_chunk_size else None,
+        "bounded_gate_args": ", ".join([("g" if features.token_gate else "None")]
+                                       + (["g_gamma"] if features.head_decay else [])),
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
         "transform_block": transform_block,
         "transform_imports": transform_imports,
         "derived_block": derived_block,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
+        "kernel_groups_heads": groups_heads,
     })
+    # host scalars with exp or log (param defaults, the output's scale) call math.*
+    ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], transform_block,
+                                                          *(p["default_code"] for p in ctx["params"])))
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
 
@@ -314,23 +395,21 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
             aliased |= {(a, dtype, hd) for a, hd in same}
     full = [p for p in plans if (p.arch, p.dtype, p.head_dim) not in aliased]
     return {"plans": full, "aliases": aliases}
-def _transforms_module(rec: Recurrence, t: TransformKernel, common: dict) -> str:
+def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:
+    rec = lowered.rec
     ctx = dict(common)
-    sizes = {d: next((f"targets[{i}].shape[-1]" for i, (_, s) in enumerate(t.targets) if s == d), "1")
-             for d in ("K", "V")}
     lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
+    lines += [f"{s.arg} = {render_expr(s.expr)}" for s in pass_outputs(lowered) if s.source is SlotSource.DERIVED]
     ctx.update({
         "t": t,
         "transform_lines": lines,
-        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
-                                  + [f"y_{n}" for n, _ in t.targets]),
-        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.targets] + [f"p_{h}" for h in t.heads]
-                                  + [f"dy_{n}" for n, _ in t.targets] + [f"dx_{n}" for n, _ in t.targets]
+        "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
+                                  + [f"y_{n}" for n, _ in t.outputs]),
+        "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
+                                  + [f"dy_{n}" for n, _ in t.outputs] + [f"dx_{n}" for n, _ in t.sources]
                                   + [f"dp_{h}" for h in t.heads]),
-        "all_inputs": [n for n, _ in t.targets] + list(t.heads),
-        "first_target": t.targets[0][0],
-        "k_size": sizes["K"],
-        "v_size": sizes["V"],
+        "all_inputs": [n for n, _ in t.sources] + list(t.heads),
+        "first_source": t.sources[0][0],
         "function_class": "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms",
         "public_op": rec.spec.op,
     })
@@ -344,11 +423,11 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: Inline
     a call without autograd launches that forward directly on the raw inputs."""
     if t is None:
         return "", ""
-    targets = ", ".join(n for n, _ in t.targets)
-    args = ", ".join([n for n, _ in t.targets] + list(t.heads))
+    outputs = ", ".join(f"_{n}" for n, _ in t.outputs)
+    args = ", ".join([n for n, _ in t.sources] + list(t.heads))
     offsets = "seqlen_offsets" if t.ropes else "0"
     rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
-    targets += "," if len(t.targets) == 1 else ""
+    outputs += "," if len(t.outputs) == 1 else ""
     lines = []
     imports = [f"{t.op}_transforms"]
     if inline is not None:
@@ -360,13 +439,31 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: Inline
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
             f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
             f"    plan = select_plan(RECURRENT_PLANS, {key}.device, call.dtype, max(call.K, call.V))",
-            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(launch_values)}, {_kernel_scale(lowered)},",
+            f"    o, final_state, _ = fused_recurrent_fwd({', '.join(_raw_values(lowered))}, {_kernel_scale(lowered)},",
             "                                            initial_state, output_final_state, cu_seqlens, plan,",
             f"                                            transform_args=({heads}positions, *rope_dims))",
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
-    lines.append(f"{targets} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+    if not t.flags:
+        lines.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
+        return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
+    flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
+    spec = lowered.rec.spec
+    body = []
+    for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
+        body += [f"if {i.name} is None:",
+                 f"    {i.name} = torch.zeros(call.H, dtype=torch.float32, device={t.sources[0][0]}.device)"]
+    body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))")
+    derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
+    if all(tr.guard for tr in spec.transforms) and not derived:
+        # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
+        slots = {s.arg: s for s in lowered.slots}
+        as_given = ", ".join(f"{slots[name].input}.contiguous()" for name, _ in t.outputs)
+        lines += [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
+            "else:", f"    {outputs} = {as_given}{',' if len(t.outputs) == 1 else ''}"]
+    else:
+        lines += body
     return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
 
 
@@ -386,6 +483,8 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         "transforms": ref.transforms,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
     })
+    ref_ctx["needs_math"] = any("math." in code for code in (*(p["default"] for p in ref_ctx["params"]),
+                                                              *ref.transforms))
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
@@ -399,9 +498,9 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
              f"pairwise decays; used when the bound is at least the plan's gate_bound)",
              **_plan_rows(plan_table(lowered.features, chunk_algo, bounded=True))})
     pkg = rec.spec.package
-    transforms = plan_transforms(rec)
+    transforms = plan_transforms(lowered)
     extra = () if transforms is None else (
-        GeneratedFile(f"{pkg}/transforms.py", _transforms_module(rec, transforms, common)),)
+        GeneratedFile(f"{pkg}/transforms.py", _transforms_module(lowered, transforms, common)),)
     return extra + (
         GeneratedFile(f"{pkg}/__init__.py", env.get_template("package/__init__.py.jinja").render(common)),
         GeneratedFile(f"{pkg}/chunk.py", _op_module(lowered, chunk_algo, common, chunked=True)),

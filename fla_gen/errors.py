@@ -48,3 +48,8 @@ class SpecErrorFactory:
 
     def __call__(self, pos: Pos, message: str, hint: str = "") -> SpecError:
         return SpecError(self.path, self.source, pos, message, hint)
+
+
+class UsageError(Exception):
+    """A mistake on the command line rather than in a spec (a missing file, an output path that is a file):
+    reported as one line, exit status 3."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from fla_gen.errors import Pos
 
@@ -33,12 +34,15 @@ def widest(*varies: str) -> str:
 
 @dataclass(frozen=True)
 class Ref:
-    """A name: ``role`` is ``input``, ``state``, ``param`` or ``dim``."""
+    """A name: ``role`` is ``input``, ``state``, ``param`` or ``dim``. A ``dim`` also names its ``axis``,
+    ``K`` (the state's rows) or ``V`` (its columns), whatever the spec calls it: generated host code reads
+    the size from the call's shape under that name (``call.K``)."""
 
     name: str
     role: str
     ty: Ty
     pos: Pos
+    axis: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,13 +66,27 @@ class Apply:
 Node = Ref | Lit | Apply
 
 
+class Heads(Enum):
+    """The heads an input lives on: the query/key heads H, or the value heads HV (a multiple of H).
+
+    With grouped value heads (fla's GVA, e.g. Qwen3-Next: H = 16, HV = 32) value head hv reads
+    query/key head hv // (HV / H); the state and the output live on HV.
+    """
+
+    H = "H"
+    HV = "HV"
+
+
 @dataclass(frozen=True)
 class InputInfo:
     """One declared input tensor.
 
     ``per_token``: laid out ``[B, T, H, ...]`` (else ``[H, ...]``, a per-head constant);
     ``vec_dim``: its trailing head dim (``K``/``V``) or None for a scalar per token/head;
-    ``optional``: declared with ``= 0`` (absent means zeros).
+    ``optional``: declared with ``= 0`` (absent means zeros); ``heads``: H (``[B, T, H, ...]``,
+    ``[H, ...]``) or HV (``[B, T, HV, ...]``, ``[HV, ...]``).
+    ``guard``: declared ``if FLAG``: a keyword argument (after the flags), refused when given with the flag
+    off, required with it on unless optional; kept out of ``CheckedSpec.inputs`` (``guarded_inputs``).
     """
 
     name: str
@@ -77,6 +95,8 @@ class InputInfo:
     vec_dim: str | None
     optional: bool
     pos: Pos
+    heads: Heads = Heads.H
+    guard: str | None = None  # a keyword input that only transforms guarded by this flag read
 
     @property
     def ty(self) -> Ty:
@@ -91,6 +111,25 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
+class FlagInfo:
+    """A boolean call-time param (``param NAME: bool = false``): it switches the transforms it guards."""
+
+    name: str
+    default: bool
+    pos: Pos
+    requires: str | None = None  # another flag that must be true whenever this one is
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """``option NAME = value``: a keyword the ops accept with only ``value`` (a bool, None or a number)."""
+
+    name: str
+    value: bool | float | None
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class TransformInfo:
     """One ``transform`` line: per-token inputs rebound before the recurrence reads them.
 
@@ -100,6 +139,7 @@ class TransformInfo:
     ``style`` ``neox`` (rotate halves) or ``interleaved`` (rotate pairs), the first ``rotary_dim``
     channels rotate (a scalar of head dims and numbers), the rest pass through; ``base`` the
     frequency base (inverse frequencies base^(-2i/rotary_dim), Su et al., 2021).
+    ``guard``: the flag (a boolean param) that switches the line on at call time; None: always on.
     """
 
     kind: str
@@ -109,6 +149,7 @@ class TransformInfo:
     style: str = "neox"
     rotary_dim: Node | None = None
     base: float = 10000.0
+    guard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +170,18 @@ class CheckedSpec:
     output_name: str
     output: Node
     transforms: tuple[TransformInfo, ...] = ()
+    flags: tuple[FlagInfo, ...] = ()
+    options: tuple[OptionInfo, ...] = ()
+    guarded_inputs: tuple[InputInfo, ...] = ()
 
     def input(self, name: str) -> InputInfo:
-        return next(i for i in self.inputs if i.name == name)
+        return next(i for i in (*self.inputs, *self.guarded_inputs) if i.name == name)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether some input lives on value heads HV: then the state [N, HV, K, V] and o [B, T, HV, V]
+        do too, and inputs on H are shared by HV / H consecutive value heads."""
+        return any(i.heads is Heads.HV for i in self.inputs)
 
     @property
     def transformed(self) -> tuple[str, ...]:

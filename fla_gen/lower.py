@@ -25,7 +25,6 @@ per-token scalar into per-channel), as a derived gate: what the kernels take is 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -99,15 +98,16 @@ class Lowered:
 
 
 # Decay features each chunk algorithm takes (fla_gen/plan.py ALGORITHMS); the fused_recurrent kernel
-# takes every combination. A kind outside the set is folded into the next one up (DECAY_FOLD).
+# takes every combination. A kind outside the set is folded into the next one up (lower()).
 CHUNK_DECAYS: dict[tuple[RankOne, bool], frozenset[TokenDecay]] = {
     # (rank-1 kind, with a per-head decay) -> per-token decay kinds
     (RankOne.NONE, False): frozenset(TokenDecay),
     (RankOne.NONE, True): frozenset(TokenDecay),
-    (RankOne.DELTA, False): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),
+    # per channel: chunk_delta's per-channel kernels (plan.py chunk_delta_channel), the delta rule of KDA
+    (RankOne.DELTA, False): frozenset(TokenDecay),
     (RankOne.DELTA, True): frozenset(),
-    (RankOne.GENERAL, False): frozenset({TokenDecay.NONE, TokenDecay.CHANNEL}),
-    (RankOne.GENERAL, True): frozenset(),
+    (RankOne.GENERAL, False): frozenset(TokenDecay),
+    (RankOne.GENERAL, True): frozenset({TokenDecay.NONE, TokenDecay.SCALAR}),
 }
 
 
@@ -269,10 +269,10 @@ def _match_delta(rec: Recurrence) -> tuple[Node, Node, Node] | None:
     beta_factors = list(lr.u.coef) + c_w
     if not _remove(beta_factors, Lit(-1.0, Ty((), "const"), kappa.pos)):
         beta_factors.append(Lit(-1.0, Ty((), "const"), kappa.pos))
-    rest = list(x.coef)
+    rest = list(x.coef) + list(y.coef)  # scalars move freely between the two vectors of the write
     if not all(_remove(rest, f) for f in beta_factors if not (isinstance(f, Lit) and f.value == 1.0)):
         return None
-    value = _scaled(rest + list(y.coef), y.expr)
+    value = _scaled(rest, y.expr)
     return kappa, value, _product(beta_factors, kappa.pos)
 
 
@@ -317,15 +317,14 @@ def lower(rec: Recurrence) -> Lowered:
                      f"with a = D k and b = -beta k")
         rank1 = RankOne.GENERAL
         vectors = {"k": _vector(x), "v": _vector(y), "a": _vector(rec.low_rank.w), "b": _vector(rec.low_rank.u)}
-    supported = CHUNK_DECAYS[(rank1, head)]
     scalar_terms, channel_terms, head_terms = list(decay.scalar), list(decay.channel), list(decay.head)
-    if head and not supported:
-        notes.append(f"the per-head decay is folded into a per-token gate: the {rank1.value} chunk kernels "
-                     f"take no per-head decay")
+    if head and token not in CHUNK_DECAYS[(rank1, True)]:
+        notes.append(f"the per-head decay is folded into the per-token gate: the {rank1.value} chunk kernels take "
+                     f"no per-head decay with a {token.value} one")
         scalar_terms += head_terms
         head_terms, head = [], False
         token = TokenDecay.CHANNEL if channel_terms else TokenDecay.SCALAR
-        supported = CHUNK_DECAYS[(rank1, False)]
+    supported = CHUNK_DECAYS[(rank1, head)]
     if token is TokenDecay.SCALAR and token not in supported:
         notes.append(f"the per-token decay is broadcast over the key channels: the {rank1.value} chunk kernels "
                      f"take a per-channel decay or none")
@@ -353,13 +352,6 @@ def lower(rec: Recurrence) -> Lowered:
             expr = vectors[arg]
             dims = "" if arg == "beta" else ("V" if arg == "v" else "K")
             slots.append(_slot(arg, expr, dims))
-    for s in slots:
-        if s.source is SlotSource.DERIVED:
-            notes.append(f"{s.arg} = {render_expr(s.expr)}: derived by the generated pass "
-                         f"({'[B, T, H' + (', ' + s.dims if s.dims else '') + ']'}, "
-                         f"{'float32' if s.fp32 else 'the inputs dtype'})")
-        elif s.source is SlotSource.HOST:
-            notes.append(f"{s.arg} = {render_expr(s.expr)}: computed on the host (per head or per call)")
     return Lowered(rec, features, tuple(slots), scale, tuple(notes))
 
 
@@ -382,6 +374,30 @@ def render_expr(n: Node) -> str:
     return f"{n.fn}({', '.join(a)})"
 
 
-def count_derived_bytes(lowered: Lowered) -> Counter:
-    """Elements per token and head that the derived slots add, by layout letter ("", "K", "V")."""
-    return Counter(s.dims for s in lowered.derived)
+def explain(lowered: Lowered, key_size: int, value_size: int, element_bytes: int) -> list[str]:
+    """Lines for ``fla-gen plan``: the kernel features, where each kernel argument comes from, and the
+    bytes per token and head that the derived tensors add to a forward (written by the pass, read by the
+    kernels; the backward moves as many again through their gradients)."""
+    f = lowered.features
+    decay = f.token_decay.value + (" + per head" if f.head_decay else "")
+    lines = [f"features: decay {decay}; rank-1 {f.rank1.value}; {f.family.value} chunk kernels"
+             + ("; grouped value heads" if f.grouped else "")]
+    transformed = set(lowered.rec.spec.transformed)
+    extra = 0
+    for s in lowered.slots:
+        if s.source is SlotSource.INPUT:
+            where = f"input {s.input}" + (", transformed by the pass" if s.input in transformed else "")
+        elif s.source is SlotSource.DERIVED:
+            size = {"K": key_size, "V": value_size, "": 1}[s.dims]
+            nbytes = 2 * size * (4 if s.fp32 else element_bytes)
+            extra += nbytes
+            where = f"derived by the pass: {render_expr(s.expr)} (+{nbytes} B per token and head)"
+        else:
+            where = f"computed on the host: {render_expr(s.expr)}"
+        lines.append(f"  {s.arg:<8} {where}")
+    if lowered.scale:
+        lines.append(f"  scale    x {' * '.join(render_expr(c) for c in lowered.scale)}")
+    if extra:
+        lines.append(f"derived tensors: +{extra} B per token and head in the forward")
+    lines += [f"note: {n}" for n in lowered.notes]
+    return lines

@@ -313,17 +313,47 @@ ALGORITHMS: dict[str, Algorithm] = {
                                bounded=_DPLR_BOUNDED_DA),
                    KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK)),
                   chunked=True, bounded_chunk_size=32),
-        Algorithm("fused_recurrent_dplr", "kernels/fused_recurrent_dplr.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_delta", "kernels/fused_recurrent_delta.jinja",
-                  (KernelShape("recurrent_fwd", (), pipelined=False),
-                   KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
-        Algorithm("fused_recurrent_gated", "kernels/fused_recurrent_gated.jinja",
+        # One token-by-token template for every recurrence, switched by its features (fla_gen.features).
+        Algorithm("fused_recurrent", "kernels/fused_recurrent.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
                    KernelShape("recurrent_bwd", (), pipelined=False)), chunked=False),
     )
 }
+
+# The delta rule on a per-channel decayed state (KDA): chunk_delta's kernels with the gate applied per key
+# channel, plus the per-channel blocks of chunk_channel_gate (the gate cumsum, fwd_A for the two intra-chunk
+# products A_kk = K K^T * Gamma and A_qk = scale Q K^T * Gamma, bwd_dqk_intra for their gradients). Its own
+# name: the measured entries of fla_gen/tuned.py and FUSED_WALK_TILES are for the scalar-gate kernels. No
+# fwd_fused: its per-channel walk is not measured, so the forward is fwd_h + fwd_o. Shared-memory models as
+# chunk_delta's plus the fp32 G tiles (the model counts them at the input dtype: `fla-gen aot` checks the real
+# size); warps are the 4-warp default, not measured.
+# bwd_wy's dk loop keeps several [BT, BK] fp32 tiles (X, exp(G), k, the two parts of dk) live.
+_CHANNEL_WY_WARPS = tuple(
+    ArchRule(a, 8, "8 warps: at 4 the mma.sync build spills 324 B on sm80 (head dim 128) and 8-52 B on sm89 (head "
+                   "dim 64), at 8 none on sm80 and 0-16 B on sm89 (fla-gen aot, bf16; sm86 taken as sm89)")
+    for a in ("sm80", "sm86", "sm89"))
+_CHANNEL_DELTA = Algorithm(
+    "chunk_delta_channel", "kernels/chunk_delta.jinja",
+    (_CUMSUM, _CHANNEL_A,
+     # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
+     KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+     # sm100 (no wgmma): the per-channel k^T factors [K, BT] in fp32 beside the state tile
+     KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
+                 small_grid_split=WHOLE_K_GRID_SPLIT,
+                 warps=(ArchRule("sm100", 8, "8 warps: at 4 the head-dim-128 walk spills 156-164 B on sm100 (32-44 "
+                                             "B at the split tiles), at 8 none (4-8 B split; fla-gen aot, bf16)"),)),
+     KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+     KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+                 (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
+                 max_stages=(ArchRule("sm86", 1, _DELTA_DH_89), ArchRule("sm89", 1, _DELTA_DH_89))),
+     KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
+     KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
+                 (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
+     _CHANNEL_DQK_INTRA,
+     # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
+     KernelShape("bwd_dqkg", (), pipelined=False)),
+    chunked=True)
 
 
 class PlanError(ValueError):
@@ -337,11 +367,7 @@ CHUNK_ALGORITHM: dict[Family, str] = {
     Family.DELTA: "chunk_delta",
     Family.GENERAL: "chunk_dplr",
 }
-RECURRENT_ALGORITHM: dict[RankOne, str] = {
-    RankOne.NONE: "fused_recurrent_gated",
-    RankOne.DELTA: "fused_recurrent_delta",
-    RankOne.GENERAL: "fused_recurrent_dplr",
-}
+RECURRENT_ALGORITHM: dict[RankOne, str] = {r: "fused_recurrent" for r in RankOne}
 
 
 def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:
@@ -356,7 +382,9 @@ def kernel_features(rec: Recurrence | KernelFeatures) -> KernelFeatures:
 def select_algorithms(rec: Recurrence | KernelFeatures) -> tuple[Algorithm, Algorithm]:
     """The (chunk, fused recurrent) algorithms for a recurrence's kernel features."""
     features = kernel_features(rec)
-    chunk = ALGORITHMS[CHUNK_ALGORITHM[features.family]]
+    # the delta rule on a per-channel decayed state: chunk_delta's template with its per-channel kernels
+    channel_delta = features.delta and features.channel_decay
+    chunk = _CHANNEL_DELTA if channel_delta else ALGORITHMS[CHUNK_ALGORITHM[features.family]]
     if not features.any_decay:
         chunk = replace(chunk, kernels=tuple(k for k in chunk.kernels if not k.gate_only))
     return chunk, ALGORITHMS[RECURRENT_ALGORITHM[features.rank1]]
@@ -379,10 +407,19 @@ def bind_kernel_inputs(rec: Recurrence) -> KernelInputs:
     return KernelInputs(lowered.features.kernel_args, tuple(s.input for s in lowered.slots))
 
 
+def _row_gate(features: KernelFeatures) -> bool:
+    """Whether a DPLR recurrence decays by one log gate per token (per-token scalar and/or per-head)."""
+    return features.general and features.any_decay and not features.channel_decay
+
+
 def plan_chunk_size(rec: Recurrence | KernelFeatures, arch: ArchInfo) -> tuple[int, str]:
     """BT and why. 64 tokens: the [64, 64] intra-chunk product fills an mma/wgmma tile (M >= 64)
     and keeps the sequential inter-chunk loop T/64 steps long, as fla does for this family."""
     features = kernel_features(rec)
+    if _row_gate(features):
+        return 16, ("16-token chunks (the per-channel gate's, not measured for this path): with one log gate per "
+                    "token the pairwise decays exp(G_t - G_s) are a [16, 16] tile that scales tensor-core dots x y^T, "
+                    "safe for any gate")
     if features.general:
         return 16, ("16-token chunks: the general rank-1 term's pairwise decays exp(G_t - G_s) are tensor-core dots "
                     "of factors around the middle row on every K block whose gates move at most "
@@ -432,9 +469,10 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
-                bounded: bool = False) -> LaunchConfig:
+                bounded: bool = False, row_gate: bool = False) -> LaunchConfig:
     """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
-    gate lower bound (plan_algorithm)."""
+    gate lower bound (plan_algorithm); ``row_gate``: the recurrence decays by one log gate per token (its
+    pair_tiles kernels take plain dots times [BT, BT] decays)."""
     block = min(64, head_dim)
     warps = 4
     warps_why = "4 warps (one warp group: wgmma-ready, no MMA->MMA conversion)"
@@ -449,6 +487,10 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                             f"[{sub_chunk}, {sub_chunk}] x [{sub_chunk}, {block}] dots over the other sub-chunks (at "
                             f"most {chunk_size // sub_chunk - 1} steps, too few to pipeline), the diagonal block entry "
                             f"by entry; {warps_why}")
+    if shape.pair_tiles and row_gate:
+        return LaunchConfig(16, 16, warps, 1, f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the "
+                                              f"[{chunk_size}, {chunk_size}] decays of one gate per token (the "
+                                              f"per-channel gate's tiles, not measured for this path); {warps_why}")
     if shape.pair_tiles and bounded:
         # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
         return LaunchConfig(16, 16, warps, 1, f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] "
@@ -578,6 +620,10 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
         bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
                   f"middle row stays below e^86 (fla's gate_bound_is_safe), so the pairwise decays are "
                   f"tensor-core dots")
+        if _row_gate(rec):
+            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f} (the per-channel "
+                      f"gate's bounded plan, not measured for this path; with one log gate per token the pairwise "
+                      f"decays are dots times [{bt}, {bt}] decays whatever the bound)")
     elif algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
@@ -587,7 +633,7 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     # drops the whole plan row.
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
                      else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt, bounded)) for k in algo.kernels)
+                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec))) for k in algo.kernels)
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, cfg)) for k, (stage, cfg) in zip(algo.kernels, kernels,
                                                                                              strict=True))

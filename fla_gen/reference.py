@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, CheckedSpec, Lit, Node, Ref
 
 _TORCH_FN = {"exp": "torch.exp", "log": "torch.log", "sigmoid": "torch.sigmoid",
@@ -98,7 +99,8 @@ def derive_reference(spec: CheckedSpec) -> ReferenceCode:
 
     The code reads locals ``<input>_t`` (``[B, H]`` for a scalar per token, ``[B, H, D]`` for a
     vector, ``[H]``/``[H, D]`` for a per-head constant), the state ``S`` as ``[B, H, K, V]``,
-    params as 0-d tensors and head dims as ints.
+    params as 0-d tensors and head dims as ints. In a grouped spec H here is HV: the template repeats
+    the H-head inputs to HV heads (``repeat_interleave``) before the token loop.
     """
     r = TorchExpr(spec.state_name)
     fetches = tuple(
@@ -113,10 +115,9 @@ def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
 
     Inputs are whole tensors ([B, T, H, ...] per token, [H] per head); a rope line calls
     ``fla_gen.runtime.rotary.rope_reference`` with ``positions`` ([B, T]) and the rotary dim
-    evaluated from the head-dim locals.
+    evaluated from the head-dim locals. A guarded line (``... if flag``) keeps its inputs unless the
+    flag, a Python bool argument of the reference, is true.
     """
-    from fla_gen.emit import render_scalar  # the host-side scalar renderer; emit imports this module
-
     r = TorchExpr(spec.state_name, whole=True)
     lines = []
     for tr in spec.transforms:
@@ -124,7 +125,12 @@ def derive_transforms(spec: CheckedSpec) -> tuple[str, ...]:
             args = f"positions, int({render_scalar(tr.rotary_dim)}), {tr.base!r}, {tr.style == 'interleaved'}"
             lhs = ", ".join(tr.targets)
             rhs = ", ".join(f"rope_reference({t}, {args})" for t in tr.targets)
-            lines.append(f"{lhs} = {rhs}")
+            if tr.guard is not None:
+                rhs = f"({rhs}) if {tr.guard} else ({lhs})"
         else:
-            lines.append(f"{tr.targets[0]} = {r.render(tr.expr)}")
+            lhs = tr.targets[0]
+            rhs = r.render(tr.expr)
+            if tr.guard is not None:
+                rhs = f"{rhs} if {tr.guard} else {lhs}"
+        lines.append(f"{lhs} = {rhs}")
     return tuple(lines)

@@ -7,19 +7,24 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fla_gen.canonical import Recurrence
+from fla_gen.canonical import GateKind, Recurrence
+from fla_gen.features import RankOne
 from fla_gen.ir import Apply, Lit, Node, Ref
+from fla_gen.lower import lower
 
 
 def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype,
-                  device: str | torch.device = "cpu", seed: int | None = None) -> dict[str, torch.Tensor]:
-    """One tensor per declared input of the spec, keyed by name.
+                  device: str | torch.device = "cpu", seed: int | None = None,
+                  HV: int | None = None) -> dict[str, torch.Tensor]:
+    """One tensor per declared input of the spec, keyed by name: ``[B, T, H, ...]`` / ``[H, ...]`` inputs
+    on the query/key heads, ``[B, T, HV, ...]`` / ``[HV, ...]`` ones on the value heads (HV defaults to H).
 
     Ranges: keys, queries and values ~ N(0, 1); per-token log gates logsigmoid(N(0, 1)) (decays
     in (0, 1), mean ~0.5, as in fla's tests); per-head log gates log(1 - 2^(-5 - h)), the
     retention decays (Sun et al., 2023); other per-token scalars sigmoid(N(0, 1)).
     Keys and queries of a rank-1 (delta) transition are L2-normalized, unless the spec transforms
-    them (then it normalizes them itself, e.g. ``transform k = l2norm(k)``); transformed per-token
+    them (then it normalizes them itself, e.g. ``transform k = l2norm(k)``, unless the line is guarded by
+    a flag: default calls leave it off); transformed per-token
     scalars (e.g. a beta under a sigmoid) are N(0, 1); a general rank-1 term b aᵀ gets a = -k̂,
     b = η k̂ (RWKV-7's form), signs chosen so that the transition's rank-1 part is -η k̂ k̂ᵀ whatever
     signs the spec writes around a and b. Roles come from the normal form: an input that is a whole term
@@ -32,23 +37,29 @@ def sample_inputs(rec: Recurrence, B: int, T: int, H: int, K: int, V: int, dtype
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
     spec = rec.spec
     gate_kind = log_gate_inputs(rec)
+    rank1 = lower(rec).features.rank1
     # A rank-1 transition (I - beta k k^T) is a contraction only for unit-norm keys: normalize
     # the keys it reads and the queries, as delta-rule models do (Yang et al., 2024).
     unit_norm = {rec.query.input, rec.low_rank.u.input, rec.low_rank.w.input} if rec.low_rank else set()
     # A general rank-1 term b a^T is drawn as RWKV-7 parameterizes it (Peng et al., 2025): a = -k̂ and
     # b = η k̂, k̂ unit-norm and η in (0, 1) per token, so diag(α) + b a^T = diag(α) - η k̂ k̂^T contracts.
     rank1_pair = None
-    if rec.family == "general_rank1" and rec.low_rank.u.input and rec.low_rank.w.input:
+    if rank1 is RankOne.GENERAL and rec.low_rank.u.input and rec.low_rank.w.input:
         rank1_pair = (rec.low_rank.w.input, rec.low_rank.u.input)
-    transformed = set(spec.transformed) | (preactivation_inputs(rec) - set(gate_kind))
+    # inputs a transform always rewrites (a guarded line is off in a default call, so its inputs are drawn
+    # as the recurrence reads them), and scalars the recurrence reads under an activation
+    transformed = {t for tr in spec.transforms if tr.guard is None for t in tr.targets}
+    transformed |= preactivation_inputs(rec) - set(gate_kind)
     unit_norm -= transformed
-    dims = {"B": B, "T": T, "H": H, spec.key_dim: K, spec.value_dim: V}
+    HV = H if HV is None else HV
+    dims = {"B": B, "T": T, "H": H, "HV": HV, spec.key_dim: K, spec.value_dim: V}
     out = {}
     for i in spec.inputs:
         shape = [dims[d] for d in i.dims]
         kind = gate_kind.get(i.name)
-        if kind == "head":
-            x = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64, device="cpu"))).float()
+        if kind is GateKind.HEAD:
+            heads = torch.arange(shape[0], dtype=torch.float64, device="cpu")
+            x = torch.log1p(-torch.pow(2.0, -5.0 - heads)).float()
         elif kind is not None:
             x = F.logsigmoid(torch.randn(shape, generator=gen, device="cpu"))
         elif i.vec_dim is None and i.name in transformed:
@@ -82,16 +93,16 @@ def _added_terms(n: Node) -> list[Node]:
     return [n]
 
 
-def log_gate_inputs(rec: Recurrence) -> dict[str, str]:
-    """Inputs that are whole terms of the log gate (log decay = g + g_gamma + ...), by kind: ``head`` ([H]),
-    ``scalar`` ([B, T, H]) or ``channel`` ([B, T, H, K])."""
+def log_gate_inputs(rec: Recurrence) -> dict[str, GateKind]:
+    """Inputs that are whole terms of the log gate (log decay = g + g_gamma + ...), by kind: HEAD ([H]),
+    SCALAR ([B, T, H]) or CHANNEL ([B, T, H, K])."""
     if rec.log_gate is None:
         return {}
     out = {}
     for t in _added_terms(rec.log_gate):
         if isinstance(t, Ref) and t.role == "input":
             info = rec.spec.input(t.name)
-            out[t.name] = ("channel" if info.vec_dim else "scalar") if info.per_token else "head"
+            out[t.name] = (GateKind.CHANNEL if info.vec_dim else GateKind.SCALAR) if info.per_token else GateKind.HEAD
     return out
 
 

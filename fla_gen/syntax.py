@@ -63,13 +63,16 @@ Expr = Num | Name | Call | BinOp | Neg | Transpose
 
 @dataclass(frozen=True)
 class InputDecl:
-    """``input NAME: [dims] (= default)?``: a tensor argument; a default makes it optional."""
+    """``input NAME: [dims] (= default)? (if FLAG)?``: a tensor argument; a default makes it optional; a
+    guard makes it a keyword argument that only the transforms guarded by that flag read."""
 
     name: str
     dims: tuple[str, ...]
     dim_pos: tuple[Pos, ...]
     default: float | None
     pos: Pos
+    guard: str | None = None
+    guard_pos: Pos | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,32 @@ class ParamDecl:
     name: str
     default: Expr
     pos: Pos
+
+
+@dataclass(frozen=True)
+class FlagDecl:
+    """``param NAME: TYPE = VALUE``: a call-time switch (``TYPE`` must be ``bool``, ``VALUE`` ``true`` or
+    ``false``; the checker says so) that guards ``transform ... if NAME`` lines."""
+
+    name: str
+    type_name: str
+    value: str
+    pos: Pos
+    type_pos: Pos
+    value_pos: Pos
+    requires: str | None = None  # ``... requires OTHER``: true only together with the flag OTHER
+    requires_pos: Pos | None = None
+
+
+@dataclass(frozen=True)
+class OptionDecl:
+    """``option NAME = VALUE``: a keyword argument the ops accept with only this value (``true``,
+    ``false``, ``none`` or a number); any other value is refused at call time."""
+
+    name: str
+    value: str | float
+    pos: Pos
+    value_pos: Pos
 
 
 @dataclass(frozen=True)
@@ -112,6 +141,8 @@ class Transform:
     target_pos: tuple[Pos, ...]
     expr: Expr
     pos: Pos
+    guard: str | None = None  # ``... if NAME``: the flag that switches the line on
+    guard_pos: Pos | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +159,8 @@ class PackageDecl:
     pos: Pos
 
 
-Statement = OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | Transform | Update | Output
+Statement = (OpDecl | PackageDecl | InputDecl | StateDecl | ParamDecl | FlagDecl | OptionDecl | Transform | Update
+             | Output)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import math
 from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
+from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Lit, Node, Ref, TransformInfo
-from fla_gen.plan import KernelInputs
+from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read
 from fla_gen.reference import L2NORM_EPS
 
 
@@ -44,9 +45,18 @@ class Layout:
         keep = ", keep_dims=True" if self.keep_dims else ""
         return f"tl.sum({x}, axis={self.axis}{keep})"
 
+    def broadcast(self, x: str, dim: str) -> str:
+        """Code of the per-row scalar ``x`` repeated over the head dim ``dim`` ("K" or "V")."""
+        shape = f"[BR, B{dim}]" if self.keep_dims else f"[B{dim}]"
+        return f"tl.broadcast_to({x}, {shape})"
+
     def gather(self, x: str, idx: str) -> str:
         """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
         return f"tl.gather({x}, {idx}, axis={self.axis})"
+
+    def zero(self) -> str:
+        """Code of a per-row fp32 zero (the gradient of a per-head input a switched-off transform reads)."""
+        return "tl.zeros([BR, 1], dtype=tl.float32)" if self.keep_dims else "0.0"
 
 
 TILE = Layout(axis=1, keep_dims=True)
@@ -68,20 +78,23 @@ class RopeArgs:
 
 @dataclass(frozen=True)
 class TransformKernel:
-    """What the transform templates render.
+    """What the pass templates render: the spec's transforms and the lowering's derived slots.
 
-    ``targets``: (input, "K" | "V" | "") per transformed input, "" for a per-token scalar;
-    ``heads``: per-head [H] inputs the transforms read; ``dims``: the head dims with vectors;
-    ``fwd``: statements computing every target's final value ``outs[name]`` from ``raw[name]``, in the
-    spec's order; ``bwd_fwd``: the same values as the backward kernel recomputes them, with norms
-    ahead of rotations (:func:`norms_before_rotations`); ``bwd``: statements after ``bwd_fwd`` that
-    accumulate gradients, from ``dy_<name>`` loaded into ``grads_in[name]``, into ``grads_out[name]``
-    (targets and per-head inputs). These are in the :data:`TILE` layout; ``row_fwd`` is ``fwd`` in the
-    :data:`ROW` layout (same names).
+    ``sources``: (input, "K" | "V" | "") per per-token input the pass reads, "" for a scalar per token;
+    ``outputs``: (kernel argument, "K" | "V" | "") per slot the pass computes (fla_gen/lower.py: a
+    transformed input, or a DERIVED slot), named by the kernel argument it feeds;
+    ``heads``: per-head [H] inputs the pass reads; ``dims``: the head dims with vectors;
+    ``fwd``: statements computing every output ``outs[name]`` from the loaded ``raw[name]``, the
+    transforms in the spec's order, then the derived slots; ``bwd_fwd``: the same values as the backward
+    kernel recomputes them, with norms ahead of rotations (:func:`norms_before_rotations`); ``bwd``:
+    statements after ``bwd_fwd`` that accumulate gradients, from ``dy_<output>`` loaded into
+    ``grads_in[output]``, into ``grads_out[name]`` (sources and per-head inputs). These are in the
+    :data:`TILE` layout; ``row_fwd`` is ``fwd`` in the :data:`ROW` layout (same names).
     """
 
     op: str
-    targets: tuple[tuple[str, str], ...]
+    sources: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
     heads: tuple[str, ...]
     dims: tuple[str, ...]
     ropes: tuple[RopeArgs, ...]
@@ -91,9 +104,11 @@ class TransformKernel:
     bwd: tuple[str, ...]
     grads_in: dict
     grads_out: dict
-    fp32_outputs: tuple[str, ...]  # targets stored as float32 (log gates)
+    fp32_outputs: tuple[str, ...]  # outputs stored as float32 (log gates)
     row_fwd: tuple[str, ...]
     bwd_fwd: tuple[str, ...]
+    # the flags that guard transforms, in declaration order: constexpr kernel arguments flag_<name>
+    flags: tuple[str, ...] = ()
 
 
 # Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
@@ -123,13 +138,46 @@ class _Lowering:
         # vectors loaded straight from a kernel argument: var -> (pointer, head dim letter); a rope of one
         # reads its partner channels with a second load instead of a tl.gather (rope_partner)
         self.loaded: dict[str, tuple[str, str]] = {}
+        # while lowering a guarded transform line: its flag, and the vars created under it
+        self.guard: str | None = None
+        self.guarded: dict[str, str] = {}  # var -> the flag it was computed under
 
     def new(self, code: str, shape: str) -> str:
         v = f"t{self.n}"
         self.n += 1
         self.lines.append(f"{v} = {code}")
         self.shape[v] = shape
+        if self.guard is not None:
+            self.guarded[v] = self.guard
         return v
+
+    def guarded_line(self, tr: TransformInfo, lower_line) -> None:
+        """Lower one transform line under ``if flag_<guard>:`` (a constexpr kernel argument): the branch
+        computes the targets' new values, the else branch keeps the old ones, both into fresh vars, and a
+        ``guard`` tape entry lets :meth:`backward` put the line's vector-Jacobian products under the same
+        branch."""
+        prevs = {t: self.current[t] for t in tr.targets}
+        first_line, first_entry = len(self.lines), len(self.tape)
+        self.guard = tr.guard
+        try:
+            lower_line()
+        finally:
+            self.guard = None
+        body = self.lines[first_line:]
+        del self.lines[first_line:]
+        results = {t: self.current[t] for t in tr.targets}
+        sels = {}
+        for t in tr.targets:
+            sels[t] = f"t{self.n}"
+            self.n += 1
+            self.shape[sels[t]] = self.shape[prevs[t]]
+        self.lines.append(f"if flag_{tr.guard}:")
+        self.lines += ["    " + ln for ln in body] + [f"    {sels[t]} = {results[t]}" for t in tr.targets]
+        self.lines.append("else:")
+        self.lines += [f"    {sels[t]} = {prevs[t]}" for t in tr.targets]
+        self.tape.append((sels[tr.targets[0]], "guard", tuple(prevs[t] for t in tr.targets),
+                          {"flag": tr.guard, "first": first_entry, "sels": sels, "results": results, "prevs": prevs}))
+        self.current.update(sels)
 
     def record(self, fn: str, args: tuple[str, ...], code: str, shape: str, **extra) -> str:
         v = self.new(code, shape)
@@ -142,6 +190,9 @@ class _Lowering:
         if isinstance(n, Ref):
             if n.name in self.current:
                 return self.current[n.name]
+            if n.name in self.heads and self.guarded.get(self.heads[n.name], self.guard) != self.guard:
+                raise ValueError(f"'{n.name}' is read by transforms under different guards (in {self.rec.spec.op}); "
+                                 f"the fused transform kernels load a per-head input under one guard only")
             if n.name not in self.heads:
                 self.heads[n.name] = self.new(f"tl.load(p_{n.name} + i_h).to(tl.float32)", "")
             return self.heads[n.name]
@@ -194,11 +245,12 @@ class _Lowering:
         """Reverse-mode statements for the recorded tape, given the adjoints of its outputs."""
         out: list[str] = []
         k = [0]
+        indent = [""]
 
         def fresh(code: str) -> str:
             v = f"d{k[0]}"
             k[0] += 1
-            out.append(f"{v} = {code}")
+            out.append(f"{indent[0]}{v} = {code}")
             return v
 
         def add(var: str, contrib: str, from_shape: str) -> None:
@@ -208,9 +260,42 @@ class _Lowering:
                 contrib = self.layout.sum(contrib)
             adj[var] = fresh(f"{adj[var]} + {contrib}" if var in adj else contrib)
 
-        for v, fn, args, extra in reversed(self.tape):
+        def guard(extra: dict, segment: list) -> None:
+            """The VJPs of a guarded line under its flag; with the flag off each target's gradient passes
+            to its old value, and per-head inputs the line reads get zero."""
+            live = [t for t, sel in extra["sels"].items() if sel in adj]
+            if not live:
+                return
+            before = dict(adj)
+            out.append(f"{indent[0]}if flag_{extra['flag']}:")
+            indent[0] += "    "
+            for t in live:
+                add(extra["results"][t], adj[extra["sels"][t]], self.shape[extra["sels"][t]])
+            for entry in reversed(segment):
+                step(*entry)
+            joined = {}
+            for t in live:  # one name per old value, assigned in both branches
+                p = extra["prevs"][t]
+                joined[p] = f"d{k[0]}"
+                k[0] += 1
+                out.append(f"{indent[0]}{joined[p]} = {adj.get(p, self.layout.zero())}")
+            indent[0] = indent[0][:-4]
+            out.append(f"{indent[0]}else:")
+            for t in live:
+                p, dy = extra["prevs"][t], before[extra["sels"][t]]
+                out.append(f"{indent[0]}    {joined[p]} = {before[p] + ' + ' if p in before else ''}{dy}")
+            for var, name in adj.items():  # per-head inputs: zero (or their earlier gradient) with the flag off
+                if var in joined or before.get(var) == name:
+                    continue
+                if var not in self.guarded:
+                    out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero())}")
+                elif var in self.heads.values():
+                    out.append(f"{indent[0]}    {name} = {self.layout.zero()}")
+            adj.update(joined)
+
+        def step(v, fn, args, extra) -> None:
             if v not in adj:
-                continue
+                return
             dy, s = adj[v], self.shape[v]
             a = args[0]
             if fn == "add":
@@ -225,6 +310,8 @@ class _Lowering:
             elif fn == "div":
                 add(args[0], f"{dy} / {args[1]}", s)
                 add(args[1], f"-{dy} * {args[0]} / ({args[1]} * {args[1]})", s)
+            elif fn == "broadcast":
+                add(a, dy, s)
             elif fn in _UNARY_VJP:
                 add(a, _UNARY_VJP[fn].format(dy=dy, x=a, y=v), s)
             elif fn == "l2norm":
@@ -242,6 +329,16 @@ class _Lowering:
                     add(a, f"{dy} * rc{j} + {self.layout.gather(f'{dy} * rs{j}', f'rp{j}')}", s)
             else:
                 raise AssertionError(fn)
+
+        i = len(self.tape)
+        while i > 0:
+            i -= 1
+            v, fn, args, extra = self.tape[i]
+            if fn == "guard":
+                guard(extra, self.tape[extra["first"]:i])
+                i = extra["first"]
+            else:
+                step(v, fn, args, extra)
         return out
 
 
@@ -278,42 +375,56 @@ def norms_before_rotations(transforms: tuple[TransformInfo, ...]) -> tuple[Trans
     return tuple(out)
 
 
-def plan_transforms(rec: Recurrence) -> TransformKernel | None:
-    """The fused transform kernels of a spec, or None when it declares no transforms.
+def pass_outputs(lowered: Lowered) -> tuple[Slot, ...]:
+    """The slots the generated pass computes: DERIVED slots, and INPUT slots of a transformed input."""
+    transformed = set(lowered.rec.spec.transformed)
+    return tuple(s for s in lowered.slots if s.source is SlotSource.DERIVED
+                 or (s.source is SlotSource.INPUT and s.input in transformed))
+
+
+def plan_transforms(lowered: Lowered) -> TransformKernel | None:
+    """The generated pass of a recurrence (its transforms and derived slots), or None when there is none.
 
     Raises:
         ValueError: a transform uses a function these kernels cannot lower.
     """
-    if not rec.spec.transforms:
+    if not pass_outputs(lowered):
         return None
     # The forward keeps the spec's order: norm-first measured 0.156 against 0.134 ms for the rope +
     # l2norm forward kernel (H100, benchmarks/transform_breakdown.py), while it saves the backward a gather.
     # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
     # process; benchmarks/results/2026-11-24_h100_decode_rope_partner_ab_s8.txt).
-    tile = _lower_transforms(rec, TILE, norms_first=False, input_partners=True)
-    row = _lower_transforms(rec, ROW, norms_first=False)
+    tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True)
+    row = _lower_transforms(lowered, ROW, norms_first=False)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
     # The backward kernel's recomputed forward keeps tl.gather (there, norm-first, the rope mostly applies to a
     # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
-    grads = _lower_transforms(rec, TILE, norms_first=True, gradient_partners=True)
+    grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
                    grads_out=grads.grads_out)
 
 
-def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, input_partners: bool = False,
+def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
                       gradient_partners: bool = False) -> TransformKernel:
     """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
     the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
     else with tl.gather."""
+    rec = lowered.rec
     spec = rec.spec
     low = _Lowering(rec, layout)
+    outputs = pass_outputs(lowered)
+    needed = set(spec.transformed)
+    for slot in outputs:
+        needed |= {n for n in inputs_read(slot.expr) if spec.input(n).per_token}
     raw: dict[str, str] = {}
-    targets = []
-    for name in spec.transformed:
-        info = spec.input(name)
+    sources = []
+    for info in spec.inputs:
+        if info.name not in needed:
+            continue
+        name = info.name
         shape = low.letter[info.vec_dim] if info.vec_dim else ""
-        targets.append((name, shape))
+        sources.append((name, shape))
         if shape:
             code = f"tl.load(x_{name} + row * {shape} + o_{shape}, mask=m_{shape}, other=0.0).to(tl.float32)"
         else:
@@ -323,11 +434,10 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         if shape and input_partners:
             low.loaded[raw[name]] = (f"x_{name}", shape)
     ropes = []
-    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+
+    def lower_line(tr: TransformInfo) -> None:
         if tr.kind == "rope":
             j = len(ropes)
-            from fla_gen.emit import render_scalar  # emit imports this module
-
             dim = low.letter[spec.input(tr.targets[0]).vec_dim]
             ropes.append(RopeArgs(j, tr.targets, tr.style == "interleaved", math.log2(tr.base),
                                   f"int({render_scalar(tr.rotary_dim, 'call.')})", dim))
@@ -340,30 +450,42 @@ def _lower_transforms(rec: Recurrence, layout: Layout, norms_first: bool, *, inp
         else:
             (t,) = tr.targets
             low.current[t] = low.lower(tr.expr)
-    outs = {name: low.current[name] for name, _ in targets}
+
+    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+        if tr.guard is None:
+            lower_line(tr)
+        else:
+            low.guarded_line(tr, lambda tr=tr: lower_line(tr))
+    outs: dict[str, str] = {}
+    for slot in outputs:
+        var = low.current[slot.input] if slot.source is SlotSource.INPUT else low.lower(slot.expr)
+        if slot.dims and not low.shape.get(var, ""):  # a per-token scalar stored over a head dim
+            var = low.record("broadcast", (var,), layout.broadcast(var, slot.dims), slot.dims)
+        outs[slot.arg] = var
+    out_dims = tuple((s.arg, s.dims) for s in outputs)
     fwd = tuple(low.lines)
-    grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(targets)}
+    grads_in = {name: f"dy{i}" for i, (name, _) in enumerate(out_dims)}
     if gradient_partners:
-        # the backward kernel loads each target's gradient from dy_<name> (templates/kernels/_transforms.jinja)
-        low.loaded.update({grads_in[name]: (f"dy_{name}", shape) for name, shape in targets if shape})
+        # the backward kernel loads each output's gradient from dy_<name> (templates/kernels/_transforms.jinja)
+        low.loaded.update({grads_in[name]: (f"dy_{name}", shape) for name, shape in out_dims if shape})
     adj: dict[str, str] = {}
     pre: list[str] = []
-    for name, _ in targets:
+    for name, _ in out_dims:
         v = outs[name]
-        if v in adj:  # an input left unchanged by its transforms cannot share a var with another
+        if v in adj:  # two outputs of one value (or an input left unchanged) cannot share a var
             pre.append(f"{grads_in[name]}s = {adj[v]} + {grads_in[name]}")
             adj[v] = f"{grads_in[name]}s"
         else:
             adj[v] = grads_in[name]
     bwd = tuple(pre + low.backward(adj))
-    grads_out = {name: adj.get(raw[name], "0.0") for name, _ in targets}
+    grads_out = {name: adj.get(raw[name], "0.0") for name, _ in sources}
     grads_out.update({h: adj.get(v, "0.0") for h, v in low.heads.items()})
-    gate_inputs = {t.input for t in rec.decay}
-    dims = tuple(d for d in ("K", "V") if any(s == d for _, s in targets))
+    dims = tuple(d for d in ("K", "V") if any(s == d for _, s in (*sources, *out_dims)))
     return TransformKernel(
-        op=spec.op, targets=tuple(targets), heads=tuple(low.heads), dims=dims, ropes=tuple(ropes), fwd=fwd, raw=raw,
-        outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
-        fp32_outputs=tuple(n for n, s in targets if not s and n in gate_inputs), row_fwd=(), bwd_fwd=(),
+        op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
+        fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
+        fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
+        flags=tuple(f.name for f in spec.flags),
     )
 
 
@@ -381,18 +503,25 @@ class InlineTransforms:
     values: dict
 
 
-def inline_transforms(t: TransformKernel | None, bound: KernelInputs) -> InlineTransforms | None:
-    """The inline form of the transforms for a kernel that loads whole K rows per token (the fused
-    recurrent forward kernels), or None when they cannot be inlined: a transformed V vector (those
-    kernels tile V) or a transformed input the kernel does not take."""
-    if t is None or any(d == "V" for _, d in t.targets):
+def inline_transforms(t: TransformKernel | None, lowered: Lowered) -> InlineTransforms | None:
+    """The inline form of the pass for a kernel that loads whole K rows per token (the fused recurrent
+    forward kernels), or None when it cannot be inlined: a V vector among its outputs (those kernels tile
+    V), or an output that is not a transformed input passed in its slot's place (a derived slot reads
+    inputs the kernel does not take)."""
+    if t is None or any(d == "V" for _, d in t.outputs) or t.flags:
         return None
-    role_of = dict(zip(bound.inputs, bound.names, strict=True))
-    if any(name not in role_of for name, _ in t.targets):
+    slots = {s.arg: s for s in lowered.slots}
+    reads = {}
+    for name, _ in t.outputs:
+        s = slots[name]
+        if s.source is not SlotSource.INPUT:
+            return None
+        reads[s.input] = name
+    if set(reads) != {name for name, _ in t.sources}:
         return None
     params = tuple([f"p_{h}" for h in t.heads] + ["pos"] + [f"rope{r.index}_dim" for r in t.ropes])
-    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{name} = {role_of[name]}" for name, _ in t.targets]
+    body = ["o_K = o_k", "m_K = m_k"] + [f"x_{src} = {reads[src]}" for src, _ in t.sources]
     if t.ropes:
         body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
     body += list(t.row_fwd)
-    return InlineTransforms(params, "\n".join(body), {role_of[name]: t.outs[name] for name, _ in t.targets})
+    return InlineTransforms(params, "\n".join(body), {name: t.outs[name] for name, _ in t.outputs})

@@ -45,8 +45,9 @@ def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: t
     """Run ``fn`` forward and backward on ``inputs`` and ``ref_fn`` on the same values in ``ref_dtype``.
 
     Args:
-        inputs: the op's positional inputs in order ([B, T, H, K] per token, [H] per head), and
-            ``initial_state`` [N, H, K, V] if given; every one is a leaf whose gradient is compared.
+        inputs: the op's positional inputs in order ([B, T, H, K] per token, [H] per head; HV for inputs
+            on the value heads), and ``initial_state`` [N, HV, K, V] if given; every one is a leaf whose
+            gradient is compared.
         dtype: the dtype the op's output must have (the final state must be float32).
         guard: a context manager wrapped around the op's forward and backward (tests poison
             allocations with NaN through it).
@@ -85,7 +86,7 @@ def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: t
 def verify_op(pkg: ModuleType, rec: Recurrence, mode: str, dtype: torch.dtype, *, B: int, T: int, H: int,
               K: int, V: int, device: str = "cpu", cu_seqlens: list[int] | None = None, with_h0: bool = True,
               ref_dtype: torch.dtype = torch.float64,
-              guard=contextlib.nullcontext) -> CaseResult:
+              guard=contextlib.nullcontext, HV: int | None = None) -> CaseResult:
     """Call ``<mode>_<op>`` on fresh random inputs, then its reference in ``ref_dtype``
     (compare_with_reference).
 
@@ -93,16 +94,84 @@ def verify_op(pkg: ModuleType, rec: Recurrence, mode: str, dtype: torch.dtype, *
         pkg: the generated package (``generated.<op>``).
         mode: ``chunk`` or ``fused_recurrent``.
         guard: as compare_with_reference.
+        HV: value heads of a grouped spec (its inputs on HV and the state [N, HV, K, V]); None means H.
 
     Returns:
         CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``.
     """
     op = rec.spec.op
-    x = sample_inputs(rec, B, T, H, K, V, dtype, device)
+    HV = H if HV is None else HV
+    x = sample_inputs(rec, B, T, H, K, V, dtype, device, HV=HV)
     inputs = {i.name: x[i.name] for i in rec.spec.inputs}
     if with_h0:
         N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        inputs["initial_state"] = torch.randn(N, H, K, V, device=device)
+        inputs["initial_state"] = torch.randn(N, HV, K, V, device=device)
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
     return compare_with_reference(getattr(pkg, f"{mode}_{op}"), getattr(pkg, f"{op}_reference"), inputs, dtype,
                                   name=f"{mode}_{op}", guard=guard, ref_dtype=ref_dtype, cu_seqlens=cu)
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One call of ``fla-gen run``: an op mode at sizes [B, T, H, K, V], dense or with ``cu_seqlens``."""
+
+    mode: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    cu_seqlens: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        """``chunk B=2 T=97 H=2 K=16 V=32`` and the offsets of a varlen call."""
+        sizes = f"B={self.B} T={self.T} H={self.H} K={self.K} V={self.V}"
+        return f"{self.mode} {sizes}" + (f" cu_seqlens={list(self.cu_seqlens)}" if self.cu_seqlens else "")
+
+
+def check_cases(chunk_size: int, shape: tuple[int, int, int, int, int] | None = None,
+                long: bool = False) -> tuple[CheckCase, ...]:
+    """The calls of ``fla-gen run``: both ops, dense and varlen (with an empty sequence), each forward and
+    backward with an initial state.
+
+    The default sizes run every kernel in Triton's interpreter within about a minute on two CPU cores: the
+    chunk op over a full chunk and a partial one, the token-by-token op over twelve tokens. The interpreter
+    runs programs one after another and each tl operation as a Python call, so the recurrent kernels cost a
+    fixed time per token and program: rwkv7 at B=2 H=2 K=32 V=48 took 160 ms per token forward and 600 ms
+    backward (which walks the sequence three times: forward with checkpoints, each segment recomputed, then
+    in reverse), flat from T=8 to T=64, so the former default T=100 spent minutes there. The chunk kernels
+    step by chunks of 16 or 64 tokens instead. ``shape`` sets the dense calls of both ops; ``long`` checks
+    fla-size tiles (K=32, V=48, two heads) and longer sequences.
+    """
+    C = chunk_size
+    if shape is not None:
+        B, T, H, K, V = shape
+        cu = (0, T // 3, T // 3, T)
+        return (CheckCase("chunk", B, T, H, K, V), CheckCase("chunk", 1, T, H, K, V, cu),
+                CheckCase("fused_recurrent", B, T, H, K, V), CheckCase("fused_recurrent", 1, T, H, K, V, cu))
+    if long:
+        return (CheckCase("chunk", 2, 100, 2, 32, 48), CheckCase("chunk", 1, 100, 2, 32, 48, (0, 37, 37, 100)),
+                CheckCase("fused_recurrent", 2, 32, 2, 32, 48),
+                CheckCase("fused_recurrent", 1, 32, 2, 32, 48, (0, 13, 13, 32)))
+    T = C + C // 2 + 1  # a full chunk and a partial one: the state passes between chunks
+    return (CheckCase("chunk", 2, T, 2, 16, 32), CheckCase("chunk", 1, T, 1, 16, 32, (0, C + 3, C + 3, T)),
+            CheckCase("fused_recurrent", 2, 12, 2, 16, 32),
+            CheckCase("fused_recurrent", 1, 12, 1, 16, 32, (0, 5, 5, 12)))
+
+
+def run_checks(pkg: ModuleType, rec: Recurrence, dtype: torch.dtype, *, device: str = "cpu",
+               shape: tuple[int, int, int, int, int] | None = None, long: bool = False,
+               value_heads: int | None = None):
+    """Run ``check_cases`` (verify_op on each, with an initial state) and yield each CaseResult as it finishes,
+    its name saying the call (mode, sizes, cu_seqlens). ``value_heads``: HV of a grouped spec (with ``shape``,
+    a multiple of its H)."""
+    from fla_gen.runtime.dispatch import select_plan
+
+    # the chunk size of the plan at the quick sizes' head dim (the gated plans' 64, the DPLR plans' 16)
+    plan = select_plan(pkg.chunk.CHUNK_PLANS, torch.device(device), dtype, 32)
+    for case in check_cases(plan.chunk_size, shape, long):
+        r = verify_op(pkg, rec, case.mode, dtype, B=case.B, T=case.T, H=case.H, K=case.K, V=case.V, device=device,
+                      cu_seqlens=list(case.cu_seqlens) if case.cu_seqlens else None, HV=value_heads)
+        label = case.label if value_heads is None else f"{case.label} HV={value_heads}"
+        yield CaseResult(label, r.dtype, r.errors, r.seconds)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -76,3 +78,41 @@ def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: 
     return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                   {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                   name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
+@contextlib.contextmanager
+def built_package(spec_text: str, directory: Path, name: str):
+    """Build the spec ``spec_text`` (its op named ``name``) into ``directory`` and import its package for the
+    duration of the context; yields (recurrence, package). The package's modules leave sys.modules after."""
+    from fla_gen.cli import compile_spec
+    from fla_gen.write import write_files
+
+    path = directory / f"{name}.fla"
+    path.write_text(spec_text)
+    rec, files = compile_spec(path)
+    write_files(files, directory / "build")
+    sys.path.insert(0, str(directory / "build"))
+    try:
+        yield rec, importlib.import_module(rec.spec.package)
+    finally:
+        sys.path.remove(str(directory / "build"))
+        for module in [m for m in sys.modules if m == rec.spec.package or m.startswith(rec.spec.package + ".")]:
+            del sys.modules[module]
+
+
+def import_with_fla(module_name: str, fla):
+    """A fresh copy of ``module_name`` imported while ``fla`` stands in for flash-linear-attention."""
+    spec = importlib.util.find_spec(module_name)
+    copy = importlib.util.spec_from_file_location(f"{module_name}_on_fla_gen", spec.origin)
+    module = importlib.util.module_from_spec(copy)
+    sys.modules[copy.name] = module  # transformers reads its classes' source through sys.modules
+    saved = sys.modules.get("fla")
+    sys.modules["fla"] = fla
+    try:
+        copy.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = saved
+    return module

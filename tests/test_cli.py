@@ -6,6 +6,8 @@ import sys
 import pytest
 
 from fla_gen.cli import main
+from fla_gen.lower import lower
+from fla_gen.transforms import plan_transforms
 from tests.support import REPO_ROOT, SPECS, recurrence
 
 
@@ -24,8 +26,9 @@ def test_build_is_deterministic(tmp_path):
     for out in (first, second):
         assert main(["build", "--all", "-o", str(out)]) == 0
     files = sorted(p.relative_to(first) for p in first.rglob("*.py"))
-    # Five modules per spec, a sixth (transforms.py) for a spec with transforms, and generated/__init__.py.
-    with_transforms = sum(bool(recurrence(s.stem).spec.transforms) for s in SPECS)
+    # Five modules per spec, a sixth (transforms.py) for a spec with transforms or slots the lowering derives,
+    # and generated/__init__.py.
+    with_transforms = sum(plan_transforms(lower(recurrence(s.stem))) is not None for s in SPECS)
     assert len(files) == 1 + 5 * len(SPECS) + with_transforms
     for f in files:
         assert (first / f).read_bytes() == (second / f).read_bytes(), f
@@ -66,7 +69,7 @@ def test_spec_errors_exit_2_without_traceback(tmp_path):
 
 def test_missing_spec_file_is_a_clear_error(tmp_path):
     proc = fla_gen("build", str(tmp_path / "nope.fla"))
-    assert proc.returncode == 2 and "no such spec file" in proc.stderr
+    assert proc.returncode == 3 and "no such spec file" in proc.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["build"], ["plan"], ["run"], ["aot"]])

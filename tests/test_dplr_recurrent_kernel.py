@@ -1,4 +1,4 @@
-"""The fused recurrent DPLR kernels (templates/kernels/fused_recurrent_dplr.jinja) on their own.
+"""The fused recurrent kernels (templates/kernels/fused_recurrent.jinja) of the DPLR features on their own.
 
 The template is rendered and imported as a module (no spec or package needed), its launchers run in
 Triton's interpreter, and o, the final state and every gradient are compared with autograd through a
@@ -26,18 +26,22 @@ import torch
 import torch.nn.functional as F
 
 from fla_gen.emit import TEMPLATES_DIR, _environment
+from fla_gen.features import KernelFeatures, RankOne, TokenDecay
 from fla_gen.runtime.plan_types import LaunchConfig, Plan
 from fla_gen.sample import relative_error
 from tests.support import REPO_ROOT, poisoned_allocations
 
-TEMPLATE = "kernels/fused_recurrent_dplr.jinja"
+TEMPLATE = "kernels/fused_recurrent.jinja"
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n"
 
 
 def render(op: str, token_gate: str | None) -> str:
-    """The template's Python source, with the imports a generated module puts above it."""
+    """The template's Python source for a general rank-1 term with a per-channel gate (token_gate
+    "channel") or none, with the imports a generated module puts above it."""
     env = _environment(str(TEMPLATES_DIR), trim=False)
-    return HEADER + env.get_template(TEMPLATE).render(op=op, token_gate=token_gate, head_gate=False)
+    decay = TokenDecay.CHANNEL if token_gate == "channel" else TokenDecay.NONE
+    return HEADER + env.get_template(TEMPLATE).render(op=op, features=KernelFeatures(decay, False, RankOne.GENERAL),
+                                                      inline=None)
 
 
 def load_module(tmp_dir: Path, token_gate: str | None):
@@ -192,16 +196,6 @@ def test_fused_recurrent_dplr_matches_float64_reference(kernels: dict, name: str
         errors["dh0"] = relative_error(got["h0"], ref["h0"])
     bad = {n: e for n, e in errors.items() if e > (tol_fwd if n in ("o", "ht") else tol_grad)}
     assert not bad, f"{name}: {errors}"
-
-
-def test_template_refuses_other_gates() -> None:
-    import jinja2
-
-    for token_gate, head_gate in (("scalar", False), ("channel", True), (None, True)):
-        with pytest.raises(jinja2.UndefinedError, match="handles_only"):
-            _environment(str(TEMPLATES_DIR), trim=False).get_template(TEMPLATE).render(
-                op="x", token_gate=token_gate, head_gate=head_gate
-            )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import pytest
 
 from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
+from fla_gen.features import RankOne, TokenDecay
+from fla_gen.lower import lower
 from fla_gen.parse import parse_spec, read_spec
 from fla_gen.plan import (
     ALGORITHMS,
@@ -38,24 +40,25 @@ def canon(updates: str, *extra: str):
 def test_shipped_specs_compile(path):
     rec = canonicalize(check_spec(read_spec(path)))
     assert rec.spec.package == path.stem
-    expected = {"dplr": "general_rank1", "rwkv7": "general_rank1"}
-    assert rec.family == expected.get(path.stem, "delta" if "delta" in path.stem else "gated")
+    expected = {"dplr": RankOne.GENERAL, "rwkv7": RankOne.GENERAL, "kda": RankOne.DELTA}
+    assert lower(rec).features.rank1 == expected.get(path.stem,
+                                                     RankOne.DELTA if "delta" in path.stem else RankOne.NONE)
 
 
 def test_families_follow_structure_not_names():
-    assert canon("update S = S + outer(k, v)\n").family == "gated"
+    assert lower(canon("update S = S + outer(k, v)\n")).features.rank1 is RankOne.NONE
     delta = canon("update S = S + beta * outer(k, v - S^T @ k)\n", "beta")
-    assert delta.family == "delta"
+    assert lower(delta).features.rank1 is RankOne.DELTA
     assert delta.low_rank.u.input == "k" and delta.low_rank.w.input == "k"
     dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
-    assert dplr.family == "general_rank1"
+    assert lower(dplr).features.rank1 is RankOne.GENERAL
     assert (dplr.low_rank.u.input, dplr.low_rank.w.input) == ("b", "a")
-    assert dplr.decay_kind == "channel"
+    assert lower(dplr).features.token_decay is TokenDecay.CHANNEL
 
 
 def test_gated_delta_composes_two_updates():
     rec = canon("update S = exp(g) * S\nupdate S = S + beta * outer(k, v - S^T @ k)\n", "g", "beta")
-    assert rec.family == "delta"
+    assert lower(rec).features.rank1 is RankOne.DELTA
     assert [t.input for t in rec.decay] == ["g"]
     # S = exp(g) S - beta k (exp(g) k)^T S + beta k v^T: u = beta k, w = -exp(g) k.
     assert [getattr(c, "name", None) for c in rec.low_rank.u.coef] == ["beta"]
@@ -71,7 +74,8 @@ def test_gated_delta_composes_two_updates():
 ])
 def test_equivalent_spellings_agree(spelling):
     rec = canon(spelling, "gk")
-    assert rec.family == "gated" and rec.decay_kind == "channel"
+    features = lower(rec).features
+    assert features.rank1 is RankOne.NONE and features.token_decay is TokenDecay.CHANNEL
     assert (rec.write[0].input, rec.write[1].input, rec.query.input) == ("k", "v", "q")
 
 
@@ -111,10 +115,12 @@ def test_plan_errors():
     with pytest.raises(PlanError, match="outside 1..256"):
         plan_algorithm(rec, algo, "sm90", "bf16", 512)
     dplr = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(k, v)\n", "gk", "a", "b")
-    assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent_dplr"]
+    assert [a.name for a in select_algorithms(dplr)] == ["chunk_dplr", "fused_recurrent"]
     assert bind_kernel_inputs(dplr).names == ("q", "k", "v", "g", "a", "b")
     assert bind_kernel_inputs(dplr).inputs == ("q", "k", "v", "gk", "a", "b")
-    # a scalar factor on a vector is no longer a refusal: the lowering derives that slot
+    scalar_gate = canon("update S = exp(g) * S + outer(b, S^T @ a) + outer(k, v)\n", "g", "a", "b")
+    assert lower(scalar_gate).features.token_decay is TokenDecay.SCALAR
+    assert [a.name for a in select_algorithms(scalar_gate)] == ["chunk_dplr", "fused_recurrent"]
     scaled = canon("update S = exp(gk) * S + outer(b, S^T @ a) + outer(beta * k, v)\n", "gk", "a", "b", "beta")
     assert bind_kernel_inputs(scaled).inputs == ("q", None, "v", "gk", "a", "b")
 
@@ -139,7 +145,6 @@ def test_delta_kernels_refuse_a_look_alike_recurrence():
     from fla_gen.plan import bind_kernel_inputs
 
     look_alike = canon("update S = exp(g) * S + beta * outer(k, v - S^T @ k)\n", "g", "beta")
-    assert look_alike.family == "delta"
     # it holds as a general rank-1 term b (a^T S) with a = k and b = -beta k (the DPLR kernels)
     assert bind_kernel_inputs(look_alike).names == ("q", "k", "v", "g", "a", "b")
     gated = canon("update S = exp(g) * S\nupdate S = S + beta * outer(k, v - S^T @ k)\n", "g", "beta")

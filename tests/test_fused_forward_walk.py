@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fla_gen.lower import lower
 from fla_gen.plan import (
     FUSED_WALK_ARCHS,
     FUSED_WALK_SHARE,
@@ -60,7 +61,7 @@ def test_planned_fused_walk_never_takes_one_stage(op):
     gate; it is never taken on the other targets, where FUSED_WALK_TILES says so, or where nothing fits (fp32)."""
     rec = recurrence(op)
     chunk, _ = select_algorithms(rec)
-    gated = rec.decay_kind != "none"
+    gated = lower(rec).features.any_decay
     share = FUSED_WALK_SHARE[(chunk.name, gated)][0]
     plans = plan_table(rec, chunk)
     assert plans

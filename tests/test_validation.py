@@ -25,6 +25,12 @@ def base(op):
     return args
 
 
+def grouped(HV, **changes):
+    """gated_delta_rule's arguments with v, g and beta on HV value heads (q and k keep H)."""
+    values = {"v": torch.randn(B, T, HV, V), "g": -torch.rand(B, T, HV), "beta": torch.rand(B, T, HV)}
+    return with_("gated_delta_rule", **{**values, **changes})
+
+
 def packed(op, cu):
     args = {k: (v[:1] if v.dim() > 1 else v) for k, v in base(op).items()}
     return args, {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
@@ -42,7 +48,7 @@ CASES = [
     ("beta missing", "delta_rule", lambda: with_("delta_rule", beta=None), TypeError,
      "beta must be a torch.Tensor, got None"),
     ("beta per channel", "gated_delta_rule", lambda: with_("gated_delta_rule", beta=torch.rand(B, T, H, K)),
-     ValueError, "beta must be [B, T, H]"),
+     ValueError, "beta must be [B, T, HV]"),
     ("q is a list", "linear_attn", lambda: with_("linear_attn", q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
     ("required gate missing", "gla", lambda: with_("gla", g=None), TypeError, "g must be a torch.Tensor, got None"),
     ("q has 3 dims", "linear_attn", lambda: with_("linear_attn", q=torch.randn(B, T, K)), ValueError, "q must be"),
@@ -105,6 +111,13 @@ CASES = [
      lambda: (packed("gla", [0, T])[0], {"cu_seqlens": torch.tensor([0, T]),
                                      "cu_seqlens_cpu": torch.tensor([0, 4, T], device="cpu")}),
      ValueError, "cu_seqlens_cpu has shape [3] but cu_seqlens has [2]"),
+    ("value heads not a multiple of H", "gated_delta_rule", lambda: grouped(3), ValueError,
+     "v has HV = 3 value heads but q has H = 2 heads; HV must be a multiple of H"),
+    ("gate on other value heads than v", "gated_delta_rule", lambda: grouped(4, g=-torch.rand(B, T, 6)), ValueError,
+     "g has HV = 6 (shape [2, 16, 6]) but v has HV = 4; expected g [B, T, HV]"),
+    ("grouped initial_state on H heads", "gated_delta_rule",
+     lambda: grouped(4, initial_state=torch.zeros(B, H, K, V)), ValueError,
+     "initial_state must be [N, HV, K, V] = [2, 4, 8, 12]"),
     ("tensor on another device", "linear_attn", lambda: with_("linear_attn", v=torch.empty(B, T, H, V, device="meta")),
      ValueError, "v is on meta but q is on"),
 ]

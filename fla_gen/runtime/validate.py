@@ -16,14 +16,18 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
-# Layout letters: B, T, H index the batch, the tokens and the heads; K and V the head dims.
-_LAYOUT_DIMS = {layout: "[" + ", ".join(layout) + "]" for layout in ("BTHK", "BTHV", "BTH", "H", "HK", "HV")}
+# Layout letters: B, T, H index the batch, the tokens and the query/key heads; G the value heads HV of a
+# grouped op (a multiple of H: value head hv reads query/key head hv // (HV / H)); K and V the head dims.
+_LETTER_NAMES = {"G": "HV"}
+_LAYOUT_DIMS = {layout: "[" + ", ".join(_LETTER_NAMES.get(c, c) for c in layout) + "]"
+                for layout in ("BTHK", "BTHV", "BTH", "H", "HK", "HV", "BTGK", "BTGV", "BTG", "G", "GK", "GV")}
 
 
 @dataclass(frozen=True)
 class TensorArg:
-    """A tensor argument of a generated op: ``layout`` is one of BTHK, BTHV, BTH, H, HK, HV; a ``gate``
-    may be float32 when the other inputs are 16-bit."""
+    """A tensor argument of a generated op: ``layout`` is one of BTHK, BTHV, BTH, H, HK, HV, or with G (the
+    value heads HV) in place of H: BTGK, BTGV, BTG, G, GK, GV; a ``gate`` may be float32 when the other
+    inputs are 16-bit."""
 
     name: str
     layout: str
@@ -32,7 +36,8 @@ class TensorArg:
 
 
 class CallShape(NamedTuple):
-    """The sizes of one validated call. ``N`` sequences (B, or len(cu_seqlens) - 1).
+    """The sizes of one validated call. ``N`` sequences (B, or len(cu_seqlens) - 1); ``HV`` value heads (the
+    state's and the output's, a multiple of H; == H unless the op's inputs declare value heads).
 
     A NamedTuple rather than a frozen dataclass: built on every call, it costs ~0.3 us against ~1.5 us.
     """
@@ -45,6 +50,7 @@ class CallShape(NamedTuple):
     N: int
     dtype: torch.dtype
     cu_seqlens_cpu: torch.Tensor | None  # None only while torch.compile traces a call without it
+    HV: int
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -76,7 +82,7 @@ def validate_call(
         op: the public function's name, for messages.
         args: the op's tensor arguments in signature order; ``values`` their values.
         params: (name, value) of the op's scalar params (e.g. scale): None or a finite real number.
-        initial_state: None or ``[N, H, K, V]`` float32.
+        initial_state: None or ``[N, HV, K, V]`` float32 (HV = H unless some input is on the value heads).
         cu_seqlens: None or ``[N + 1]`` int32/int64 on the inputs' device, with B == 1.
         cu_seqlens_cpu: optional CPU copy of cu_seqlens; with it, validation never syncs the GPU.
     """
@@ -87,14 +93,15 @@ def validate_call(
         if not isinstance(x, torch.Tensor):
             _expect_tensor(op, a.name, x, a.optional)
         present.append((a, x))
-    ref_arg, ref = next((a, x) for a, x in present if a.layout in ("BTHK", "BTHV"))
+    ref_arg, ref = next((a, x) for a, x in present if a.layout in ("BTHK", "BTHV", "BTGK", "BTGV"))
     ref_shape = ref.shape
     if len(ref_shape) != 4:
         raise ValueError(f"{op}: {ref_arg.name} must be {_LAYOUT_DIMS[ref_arg.layout]} (4 dims), "
                          f"got shape {_shape(ref)}")
     B, T, H = ref_shape[0], ref_shape[1], ref_shape[2]
-    sizes = {"B": B, "T": T, "H": H}
-    owner = {"B": ref_arg.name, "T": ref_arg.name, "H": ref_arg.name}
+    heads = ref_arg.layout[2]
+    sizes = {"B": B, "T": T, heads: H}
+    owner = {"B": ref_arg.name, "T": ref_arg.name, heads: ref_arg.name}
     for a, x in present:
         layout, shape = a.layout, x.shape
         if len(shape) != len(layout):
@@ -106,15 +113,26 @@ def validate_call(
                 sizes[letter] = size
                 owner[letter] = a.name
             elif known != size:
-                raise ValueError(f"{op}: {a.name} has {letter} = {size} (shape {_shape(x)}) but {owner[letter]} "
-                                 f"has {letter} = {known}; expected {a.name} {_LAYOUT_DIMS[layout]}")
+                dim = _LETTER_NAMES.get(letter, letter)
+                raise ValueError(f"{op}: {a.name} has {dim} = {size} (shape {_shape(x)}) but {owner[letter]} "
+                                 f"has {dim} = {known}; expected {a.name} {_LAYOUT_DIMS[layout]}")
     K, V = sizes.get("K"), sizes.get("V")
+    H, HV = sizes.get("H"), sizes.get("G")
+    if HV is None:
+        HV = H
+    elif H is None:
+        H = HV
+    elif H and HV % H:
+        raise ValueError(f"{op}: {owner['G']} has HV = {HV} value heads but {owner['H']} has H = {H} heads; HV must be "
+                         f"a multiple of H (each query/key head serves HV / H value heads)")
     for letter, size in (("K", K), ("V", V)):
         if size is not None and not 1 <= size <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: head dim {letter} = {size} (from {owner[letter]}) is outside 1..{MAX_HEAD_DIM}, "
                              f"the range the kernels are planned for")
     if T == 0 or B == 0 or H == 0:
         raise ValueError(f"{op}: {ref_arg.name} has an empty dimension (shape {_shape(ref)}); B, T and H must be >= 1")
+    if HV == 0:
+        raise ValueError(f"{op}: {owner['G']} has no value heads (HV = 0); HV must be >= 1")
 
     dtype = ref.dtype
     device = ref.device
@@ -148,17 +166,18 @@ def validate_call(
 
     if initial_state is not None:
         _expect_tensor(op, "initial_state", initial_state, False)
-        expected = (N, H, K, V)
+        expected = (N, HV, K, V)
         if tuple(initial_state.shape) != expected:
             what = "number of sequences" if cu_seqlens is not None else "batch size"
-            raise ValueError(f"{op}: initial_state must be [N, H, K, V] = [{N}, {H}, {K}, {V}] (N = {what}), "
+            heads = "HV" if "G" in sizes else "H"
+            raise ValueError(f"{op}: initial_state must be [N, {heads}, K, V] = [{N}, {HV}, {K}, {V}] (N = {what}), "
                              f"got {_shape(initial_state)}")
         if initial_state.dtype != torch.float32:
             raise TypeError(f"{op}: initial_state must be float32 (states are kept in fp32), "
                             f"got {initial_state.dtype}")
         if initial_state.device != device:
             raise ValueError(f"{op}: initial_state is on {initial_state.device} but {ref_arg.name} is on {device}")
-    return CallShape(B, T, H, K or 0, V or 0, N, dtype, cu_seqlens_cpu)
+    return CallShape(B, T, H, K or 0, V or 0, N, dtype, cu_seqlens_cpu, HV)
 
 
 def _validate_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, B, T, device) -> torch.Tensor:
@@ -212,14 +231,60 @@ def validate_gate_lower_bound(op: str, bound) -> None:
         raise ValueError(f"{op}: gate_lower_bound must be a finite negative number (a log decay), got {bound}")
 
 
-def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch.Tensor) -> None:
-    """Raise ValueError if an entry of the log gate ``gate`` [B, T, H, K] is below ``bound``.
+def check_gates_respect_bound(op: str, bound: float, gate_name: str, gate: torch.Tensor | None,
+                              head_gate: torch.Tensor | None = None) -> None:
+    """Raise ValueError if an entry of the log gate ``gate`` ([B, T, H, K] or [B, T, H]; None: zeros) plus
+    ``head_gate`` ([H] added to every token of head h, or None) is below ``bound``.
 
     The bound lets a plan build the pairwise decays as products of exp factors that a gate below it
     would overflow, so it is checked against the data: one reduction and a device sync (pass the
     bound only where it pays for that, e.g. training at long T).
     """
-    lowest = gate.min().item() if gate.numel() else 0.0
+    if head_gate is not None:
+        gate = head_gate if gate is None else gate.float() + head_gate.float()
+    lowest = gate.min().item() if gate is not None and gate.numel() else 0.0
     if not lowest >= bound:
         raise ValueError(f"{op}: {gate_name} has an entry {lowest:.6g} below gate_lower_bound={bound}; "
                          f"pass a bound that holds for every token, or none")
+
+
+def validate_flags(op: str, flags: tuple[tuple[str, object], ...],
+                   requires: tuple[tuple[str, str], ...] = ()) -> None:
+    """Check the op's boolean params (the switches of guarded transforms): each must be a bool, and a flag
+    declared ``requires OTHER`` may be True only with OTHER True (``requires``: (flag, other) pairs)."""
+    for name, value in flags:
+        if not isinstance(value, bool):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+    values = dict(flags)
+    for name, other in requires:
+        if values[name] and not values[other]:
+            raise ValueError(f"{op}: {name}=True requires {other}=True")
+
+
+def validate_options(op: str, options: tuple[tuple[str, object, object], ...]) -> None:
+    """Check keywords the op accepts with one supported value (a spec's ``option NAME = value`` lines):
+    (name, given, supported). Anything but the supported value is refused, never ignored."""
+    for name, value, supported in options:
+        if supported is None:
+            ok = value is None
+        elif isinstance(supported, bool):
+            ok = isinstance(value, bool) and value == supported
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == supported
+        if not ok:
+            given = f"<a tensor of shape {_shape(value)}>" if isinstance(value, torch.Tensor) else (
+                repr(value) if value is None or isinstance(value, (bool, int, float, str)) else
+                f"<a {type(value).__name__}>")
+            raise ValueError(f"{op}: {name}={given} is not supported; this op runs only with "
+                             f"{name}={supported!r}")
+
+
+def validate_guarded_inputs(op: str, inputs: tuple[tuple[str, object, str, bool, bool], ...]) -> None:
+    """Check the inputs a spec declares ``if FLAG`` (read only by transforms that flag switches on):
+    (name, value, flag, flag's value, optional). Given with the flag off is refused rather than ignored;
+    absent with it on is refused unless the input is optional (zeros)."""
+    for name, value, flag, on, optional in inputs:
+        if value is not None and not on:
+            raise ValueError(f"{op}: {name} is given but {flag} is False; {name} is read only with {flag}=True")
+        if value is None and on and not optional:
+            raise ValueError(f"{op}: {name} is required when {flag}=True")

@@ -8,12 +8,14 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     delta_rule_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_delta_rule
 from .fused_recurrent import fused_recurrent_delta_rule
 from .reference import delta_rule_reference
 
 # The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
-# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], G = the value heads HV, ...); roles: query, key,
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),
@@ -21,6 +23,6 @@ INPUTS = (
     ('v', 'BTHV', 'value', False),
     ('beta', 'BTH', 'other', False),
 )
-FAMILY = 'delta'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.DELTA  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_delta_rule", "fused_recurrent_delta_rule", "delta_rule_reference"]

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/delta_rule.fla`.
 """fused_recurrent_delta_rule: the token-by-token kernel, for decoding.
 
-Kernels: fused_recurrent_delta (delta_rule_recurrent_fwd_kernel, delta_rule_recurrent_bwd_kernel).
+Kernels: fused_recurrent (delta_rule_recurrent_fwd_kernel, delta_rule_recurrent_bwd_kernel).
 """
 
 import torch
@@ -23,7 +23,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
 
-# Kernels (templates/kernels/fused_recurrent_delta.jinja): they use the torch, triton and tl imported above.
+# Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -47,10 +47,9 @@ def delta_rule_recurrent_fwd_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (V block, sequence * head); the [BK, BV] fp32 block of the state stays in
-    # registers for the whole sequence. The delta-rule residual r_t = v_t - S'_t^T k_t of a V column
-    # needs only that column of the state, so V blocks never talk to each other.
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    # One program = one (sequence, head) x one V block; the [BK, BV] fp32 state tile stays in
+    # registers for the whole sequence.
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -58,31 +57,35 @@ def delta_rule_recurrent_fwd_kernel(
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
+
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    m_h = m_k[:, None] & m_v[None, :]
     # this block inside the row-major [K, V] state of (sequence, head)
     o_h = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + o_h, mask=m_kv, other=0.)
+        b_h += tl.load(h0 + o_h, mask=m_h, other=0).to(tl.float32)
+
     for t in range(0, seq_len):
         # row of token t in the [B * T, H] flattening of the inputs
         row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(beta + row).to(tl.float32)
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
         # o_t reads the state after this token's update
-        tl.store(o + row * V + o_v, tl.sum(b_h * b_q[:, None], axis=0).to(o.dtype.element_ty), mask=m_v)
+        b_o = tl.sum(b_h * b_q[:, None], 0)
+        tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+
     if STORE_FINAL_STATE:
-        tl.store(ht + o_h, b_h, mask=m_kv)
+        tl.store(ht + o_h, b_h, mask=m_h)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -115,12 +118,18 @@ def delta_rule_recurrent_bwd_kernel(
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (V block, sequence * head), three walks (see the top of this file). dq, dk,
-    # dbeta sum over V, so each V block writes its own slice [i_v] of a
-    # [NV, B, T, H, ...] buffer (the launcher sums them when NV > 1); dv is written directly.
-    # Scratch: r_buf / dr_buf [B, T, H, V] fp32 (this block's columns), dk_buf [NV, B, T, H, K] fp32. A walk never rewrites what it reads: a value held by several threads
-    # may still be read by one of them after another has moved on.
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    # One program = one (sequence, head) x one V block, three walks:
+    #   1. forward: rebuild S_t; dq_t = scale S_t do_t; store r_t;
+    #   2. reverse: dS_t = scale q_t do_t^T + D_{t+1} dS'_{t+1} (dS_T starts from dht);
+    #      du_t = dS_t^T k_t, dr_t = beta_t du_t = dv_t, dbeta_t = r_t . du_t,
+    #      dk_t = dS_t (beta_t r_t) - S'_t dr_t (first term here), dS'_t = dS_t - k_t dr_t^T;
+    #   3. forward: rebuild S'_t again and subtract S'_t dr_t from dk_t.
+    # dq, dk, dbeta sum over V: each V block writes its own slice [i_v] of a
+    # [NV, B, T, H, ...] buffer (the launcher sums them); dv is written directly. Scratch: r_buf / dr_buf
+    # [B, T, H, V] fp32 (this block's columns), dk_buf [NV, B, T, H, K] fp32.
+    # A walk never rewrites what it reads: a value held by several threads may still be read by one of
+    # them after another has moved on.
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -128,28 +137,30 @@ def delta_rule_recurrent_bwd_kernel(
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
+
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    m_h = m_k[:, None] & m_v[None, :]
     # this block inside the row-major [K, V] state of (sequence, head)
     o_h = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    # this V block's slice of the [NV, B, T, H, ...] partial buffers
     i_vo = i_v.to(tl.int64) * B * T * H
     dq += i_vo * K
     dk += i_vo * K
-    dk_buf += i_vo * K
     dbeta += i_vo
+    dk_buf += i_vo * K
 
     # ---- 1. forward walk: S_t, dq_t = scale S_t do_t, r_t ----
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + o_h, mask=m_kv, other=0.)
+        b_h += tl.load(h0 + o_h, mask=m_h, other=0)
     for t in range(0, seq_len):
         row = (bos + t) * H + i_h
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(beta + row).to(tl.float32)
         b_r = b_v - tl.sum(b_h * b_k[:, None], axis=0)
         tl.store(r_buf + row * V + o_v, b_r, mask=m_v)
@@ -160,16 +171,16 @@ def delta_rule_recurrent_bwd_kernel(
     # ---- 2. reverse walk: dS_t, dv_t = dr_t, dbeta_t, the dS_t u_t part of dk_t ----
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
-        b_dh += tl.load(dht + o_h, mask=m_kv, other=0.)
+        b_dh += tl.load(dht + o_h, mask=m_h, other=0)
     # the reverse walk reads what other threads of this program stored in the forward walk
     tl.debug_barrier()
     for i in range(0, seq_len):
         t = seq_len - 1 - i
         row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0.)
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0)
         b_beta = tl.load(beta + row).to(tl.float32)
         b_dh += b_q[:, None] * b_do[None, :]
         # du_t = dS_t^T k_t; u_t = beta_t r_t gives dr_t = beta_t du_t and dbeta_t = r_t . du_t
@@ -182,53 +193,65 @@ def delta_rule_recurrent_bwd_kernel(
         # dS'_t = dS_t - k_t dr_t^T
         b_dh -= b_k[:, None] * b_dr[None, :]
     if USE_INITIAL_STATE:
-        tl.store(dh0 + o_h, b_dh, mask=m_kv)
+        tl.store(dh0 + o_h, b_dh, mask=m_h)
 
     # ---- 3. forward walk: dk_t = (dS_t u_t) - S'_t dr_t ----
     tl.debug_barrier()
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + o_h, mask=m_kv, other=0.)
+        b_h += tl.load(h0 + o_h, mask=m_h, other=0)
     for t in range(0, seq_len):
         row = (bos + t) * H + i_h
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0.)
-        b_dr = tl.load(dr_buf + row * V + o_v, mask=m_v, other=0.)
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0)
+        b_dr = tl.load(dr_buf + row * V + o_v, mask=m_v, other=0)
         b_beta = tl.load(beta + row).to(tl.float32)
-        b_dk = tl.load(dk_buf + row * K + o_k, mask=m_k, other=0.) - tl.sum(b_h * b_dr[None, :], axis=1)
+        b_dk = tl.load(dk_buf + row * K + o_k, mask=m_k, other=0) - tl.sum(b_h * b_dr[None, :], axis=1)
         tl.store(dk + row * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_k)
         # the same update as in walk 1, from the stored r_t: S_t is rebuilt bit for bit
         b_h += b_k[:, None] * (b_beta * b_r)[None, :]
 
 
-def fused_recurrent_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, plan):
-    """Token-by-token forward (decode path) of the delta rule.
-
-    S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
+def fused_recurrent_fwd(
+    q,
+    k,
+    v,
+    beta,
+    scale,
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    plan,
+):
+    """Token-by-token forward (decode path): S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T with S'_t = S_{t-1}, o_t = scale * S_t^T q_t.
 
     Args:
-        q, k: [B, T, H, K] (callers usually L2-normalize k); v: [B, T, H, V]; one floating dtype.
-        beta: [B, T, H] in (0, 1)
-        scale: float multiplying q . k
-        initial_state: [N, H, K, V] float32, or None
-        output_final_state: bool
-        cu_seqlens: [N + 1] int32/int64 (B == 1), or None (N = B).
+        q, k: [B, T, H, K], contiguous, one floating dtype.
+        v: [B, T, H, V], same dtype.
+        beta: [B, T, H] in (0, 1).
+        scale: float multiplying q.
+        initial_state: [N, H, K, V] float32 or None (zeros).
+        output_final_state: whether to return the state after the last token.
+        cu_seqlens: [N+1] int32/int64 on the device (then B == 1), or None (N = B).
         plan: the Plan; uses plan.config("recurrent_fwd") (block_v, num_warps, num_stages).
 
     Returns:
-        o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: () -- the backward rebuilds the states from initial_state.
+        o: [B, T, H, V] in q's dtype.
+        final_state: [N, H, K, V] float32, or None.
+        saved: () -- the backward recomputes the states from initial_state.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_fwd")
-    # the whole K dim in one block (the residual contracts over it); V split to bound registers
+    # The whole K dim in one block (no cross-program sum for o); V is split to bound registers.
     BK = launch.next_power_of_2(K)
     BV = min(cfg.block_v, launch.next_power_of_2(V))
+    NV = launch.cdiv(V, BV)
+
     o = torch.empty_like(v)
     final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    delta_rule_recurrent_fwd_kernel[(launch.cdiv(V, BV), N * H)](
+    delta_rule_recurrent_fwd_kernel[(N * H, NV)](
         q,
         k,
         v,
@@ -253,13 +276,26 @@ def fused_recurrent_fwd(q, k, v, beta, scale, initial_state, output_final_state,
     return o, final_state, ()
 
 
-def fused_recurrent_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, plan):
+def fused_recurrent_bwd(
+    q,
+    k,
+    v,
+    beta,
+    saved,
+    scale,
+    initial_state,
+    do,
+    dht,
+    cu_seqlens,
+    plan,
+):
     """Backward of fused_recurrent_fwd: one kernel, three walks over the tokens (forward, reverse, forward).
 
     Args:
         q, k, v, beta, scale, initial_state, cu_seqlens: as in fused_recurrent_fwd.
-        saved: what fused_recurrent_fwd returned (unused: ()).
-        do: [B, T, H, V] gradient of o; dht: [N, H, K, V] float32 gradient of the final state, or None.
+        saved: what fused_recurrent_fwd returned (unused: nothing is saved).
+        do: [B, T, H, V] gradient of o.
+        dht: [N, H, K, V] gradient of the final state, or None.
         plan: the Plan; uses plan.config("recurrent_bwd") (block_v, num_warps, num_stages).
 
     Returns:
@@ -269,13 +305,13 @@ def fused_recurrent_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_bwd")
     BK = launch.next_power_of_2(K)
     BV = min(cfg.block_v, launch.next_power_of_2(V))
     NV = launch.cdiv(V, BV)
-    # dq, dk, dbeta sum over V: fp32 partials per V block when V is split, else written in place
     f32 = torch.float32
+    # dq, dk sum over V: one fp32 partial per V block when V is split, else written in place.
     dq = q.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else q.dtype)
     dk = k.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else k.dtype)
     dbeta = beta.new_empty(NV, B, T, H, dtype=f32 if NV > 1 else beta.dtype)
@@ -284,7 +320,7 @@ def fused_recurrent_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_
     r_buf = v.new_empty(B, T, H, V, dtype=f32)
     dr_buf = v.new_empty(B, T, H, V, dtype=f32)
     dk_buf = k.new_empty(NV, B, T, H, K, dtype=f32)
-    delta_rule_recurrent_bwd_kernel[(NV, N * H)](
+    delta_rule_recurrent_bwd_kernel[(N * H, NV)](
         q,
         k,
         v,
@@ -316,9 +352,11 @@ def fused_recurrent_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_
         num_stages=cfg.num_stages,
     )
     if NV > 1:
-        dq, dk, dbeta = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dbeta.sum(0).to(beta.dtype)
+        dq = dq.sum(0).to(q.dtype)
+        dk = dk.sum(0).to(k.dtype)
     else:
-        dq, dk, dbeta = dq[0], dk[0], dbeta[0]
+        dq, dk = dq[0], dk[0]
+    dbeta = dbeta.sum(0).to(beta.dtype) if NV > 1 else dbeta[0]
     return dq, dk, dv, dbeta, dh0
 
 

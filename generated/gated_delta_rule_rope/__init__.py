@@ -8,12 +8,14 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     gated_delta_rule_rope_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_gated_delta_rule_rope
 from .fused_recurrent import fused_recurrent_gated_delta_rule_rope
 from .reference import gated_delta_rule_rope_reference
 
 # The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
-# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], G = the value heads HV, ...); roles: query, key,
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),
@@ -24,6 +26,6 @@ INPUTS = (
     ('A_log', 'H', 'other', False),
     ('dt_bias', 'H', 'other', False),
 )
-FAMILY = 'delta'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.DELTA  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_gated_delta_rule_rope", "fused_recurrent_gated_delta_rule_rope", "gated_delta_rule_rope_reference"]

@@ -1390,9 +1390,9 @@ def chunk_gated_delta_rule_rope(
     )
     if scale is None:
         scale = call.K ** -0.5
-    q, k, g, beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
+    _q, _k, _g, _beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
     o, final_state, *_ = call_op(
-        _chunk_gated_delta_rule_rope_op, _op_forward, q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+        _chunk_gated_delta_rule_rope_op, _op_forward, _q, _k, v.contiguous(), _g, _beta,
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
     return o, final_state if output_final_state else None

@@ -479,7 +479,7 @@ CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
     ("sm90", 256),
 )))
 
-# fused_recurrent_delta: the decode kernels
+# fused_recurrent: the decode kernels
 RECURRENT_PLANS = {
     ("sm80", "bf16", 64): Plan(
         "sm80", "bf16", 64, chunk_size=1,

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """fused_recurrent_gla: the token-by-token kernel, for decoding.
 
-Kernels: fused_recurrent_gated (gla_recurrent_fwd_kernel, gla_recurrent_bwd_kernel).
+Kernels: fused_recurrent (gla_recurrent_fwd_kernel, gla_recurrent_bwd_kernel).
 """
 
 import torch
@@ -23,7 +23,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
 
-# Kernels (templates/kernels/fused_recurrent_gated.jinja): they use the torch, triton and tl imported above.
+# Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
 
 @triton.jit
@@ -48,13 +48,13 @@ def gla_recurrent_fwd_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (sequence, head) x one V-block. The whole K dim is one block, so the
-    # [BK, BV] fp32 state tile stays in registers and o needs no reduction across programs.
+    # One program = one (sequence, head) x one V block; the [BK, BV] fp32 state tile stays in
+    # registers for the whole sequence.
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        seq_len = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
@@ -72,7 +72,7 @@ def gla_recurrent_fwd_kernel(
         b_h += tl.load(h0 + o_h, mask=m_h, other=0).to(tl.float32)
 
     for t in range(0, seq_len):
-        # row of token t in the [B*T, H] flattening of the inputs
+        # row of token t in the [B * T, H] flattening of the inputs
         row = (bos + t) * H + i_h
         b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -102,9 +102,9 @@ def gla_recurrent_bwd_kernel(
     dk,
     dv,
     dg,
+    dh0,
     qdq,
     ckpt,
-    dh0,
     cu_seqlens,
     scale,
     B,
@@ -120,14 +120,14 @@ def gla_recurrent_bwd_kernel(
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (sequence, head) x one V-block. dq and dk sum over V, so each V-block
-    # writes its own slice dq[i_v] / dk[i_v] of [NV, B, T, H, K] (the launcher sums them when
-    # NV > 1); dv sums over K, which is whole here, so it is written directly.
+    # One program = one (sequence, head) x one V block, a forward then a reverse walk. dq and dk
+    # sum over V, so each V block writes its own slice [i_v] of a [NV, B, T, H, K] buffer (the
+    # launcher sums them); dv sums over K, which is whole here, so it is written directly.
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        seq_len = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
@@ -137,15 +137,17 @@ def gla_recurrent_bwd_kernel(
     m_k = o_k < K
     m_v = o_v < V
     m_h = m_k[:, None] & m_v[None, :]
+    # this block inside the row-major [K, V] state of (sequence, head)
     o_kv = o_k[:, None] * V + o_v[None, :]
     o_h = i_nh.to(tl.int64) * K * V + o_kv
-    # this V-block's slice of the [NV, B, T, H, ...] partial buffers
-    dq += i_v.to(tl.int64) * B * T * H * K
-    dk += i_v.to(tl.int64) * B * T * H * K
+    # this V block's slice of the [NV, B, T, H, ...] partial buffers
+    i_vo = i_v.to(tl.int64) * B * T * H
+    dq += i_vo * K
+    dk += i_vo * K
     if USE_G:
-        dg += i_v.to(tl.int64) * B * T * H * K
+        dg += i_vo * K
     if USE_G:
-        qdq += i_v.to(tl.int64) * B * T * H * K
+        qdq += i_vo * K
         # checkpoint j of this sequence lives at ckpt[bos // BT + i_n + j, i_h] (disjoint per sequence)
         ckpt += ((bos // BT + i_n) * H + i_h) * K * V + o_kv
 
@@ -174,7 +176,7 @@ def gla_recurrent_bwd_kernel(
             b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
             tl.store(qdq + row * K + o_k, b_q * b_dq, mask=m_k)
 
-    # ---- reverse walk: dS_t = scale * q_t do_t^T + diag(exp(a_{t+1})) dS_{t+1}; dS_T gets dht ----
+    # ---- reverse walk: dS_t = scale * q_t do_t^T + D_{t+1} dS_{t+1}; dS_T gets dht ----
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
         b_dh += tl.load(dht + o_h, mask=m_h, other=0).to(tl.float32)
@@ -322,21 +324,20 @@ def fused_recurrent_bwd(
     BV = min(cfg.block_v, launch.next_power_of_2(V))
     NV = launch.cdiv(V, BV)
     use_g = g is not None
-
-    # dq, dk sum over V: one fp32 partial per V-block when V is split, else written in place.
-    part_dtype = torch.float32 if NV > 1 else q.dtype
-    dq = q.new_empty(NV, B, T, H, K, dtype=part_dtype)
-    dk = q.new_empty(NV, B, T, H, K, dtype=part_dtype)
-    dv = torch.empty_like(v)
+    f32 = torch.float32
+    # dq, dk sum over V: one fp32 partial per V block when V is split, else written in place.
+    dq = q.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else q.dtype)
+    dk = k.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else k.dtype)
     # dg sums over V too: per-V-block fp32 partials when V is split
-    dg = q.new_empty(NV, *g.shape, dtype=torch.float32 if NV > 1 else g.dtype) if use_g else None
+    dg = g.new_empty(NV, *g.shape, dtype=f32 if NV > 1 else g.dtype) if use_g else None
+    dv = torch.empty_like(v)
+    dh0 = torch.empty_like(initial_state, dtype=f32) if initial_state is not None else None
     # Gate-gradient scratch: q_t * dq_t per V-block (fp32), and the anchors diag(exp(a_t)) S_{t-1}
     # every BT tokens: sequence n owns slots bos_n // BT + n + j, j < ceil(len_n / BT), which never
     # overlap and stay below B*T // BT + N.
     BT = plan.chunk_size
-    qdq = q.new_empty(NV, B, T, H, K, dtype=torch.float32) if use_g else None
-    ckpt = q.new_empty(B * T // BT + N, H, K, V, dtype=torch.float32) if use_g else None
-    dh0 = torch.empty_like(initial_state, dtype=torch.float32) if initial_state is not None else None
+    qdq = q.new_empty(NV, B, T, H, K, dtype=f32) if use_g else None
+    ckpt = q.new_empty(B * T // BT + N, H, K, V, dtype=f32) if use_g else None
     gla_recurrent_bwd_kernel[(N * H, NV)](
         q,
         k,
@@ -349,9 +350,9 @@ def fused_recurrent_bwd(
         dk,
         dv,
         dg,
+        dh0,
         qdq,
         ckpt,
-        dh0,
         cu_seqlens,
         scale,
         B,
@@ -370,7 +371,8 @@ def fused_recurrent_bwd(
         num_stages=cfg.num_stages,
     )
     if NV > 1:
-        dq, dk = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype)
+        dq = dq.sum(0).to(q.dtype)
+        dk = dk.sum(0).to(k.dtype)
     else:
         dq, dk = dq[0], dk[0]
     if use_g:

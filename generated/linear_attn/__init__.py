@@ -8,18 +8,20 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     linear_attn_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_linear_attn
 from .fused_recurrent import fused_recurrent_linear_attn
 from .reference import linear_attn_reference
 
 # The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
-# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], G = the value heads HV, ...); roles: query, key,
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),
     ('k', 'BTHK', 'key', False),
     ('v', 'BTHV', 'value', False),
 )
-FAMILY = 'gated'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.NONE  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_linear_attn", "fused_recurrent_linear_attn", "linear_attn_reference"]

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/rwkv7.fla`.
 """fused_recurrent_rwkv7: the token-by-token kernel, for decoding.
 
-Kernels: fused_recurrent_dplr (rwkv7_recurrent_fwd_kernel, rwkv7_recurrent_bwd_kernel).
+Kernels: fused_recurrent (rwkv7_recurrent_fwd_kernel, rwkv7_recurrent_bwd_kernel).
 """
 
 import torch
@@ -23,7 +23,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 
 from .plans import RECURRENT_PLANS
 
-# Kernels (templates/kernels/fused_recurrent_dplr.jinja): they use the torch, triton and tl imported above.
+# Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -50,9 +50,9 @@ def rwkv7_recurrent_fwd_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (V block, sequence * head); the [BK, BV] fp32 block of the state stays in
+    # One program = one (sequence, head) x one V block; the [BK, BV] fp32 state tile stays in
     # registers for the whole sequence.
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -60,36 +60,39 @@ def rwkv7_recurrent_fwd_kernel(
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
+
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    # this block inside a row-major [K, V] state
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    o_h = i_nh.to(tl.int64) * K * V + o_kv
+    m_h = m_k[:, None] & m_v[None, :]
+    # this block inside the row-major [K, V] state of (sequence, head)
+    o_h = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + o_h, mask=m_kv, other=0.)
+        b_h += tl.load(h0 + o_h, mask=m_h, other=0).to(tl.float32)
+
     for t in range(0, seq_len):
         # row of token t in the [B * T, H] flattening of the inputs
         row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_a = tl.load(a + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_b = tl.load(b + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        # S_t = diag(exp(g_t)) S_{t-1} + b_t w_t^T + k_t v_t^T
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_a = tl.load(a + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_b = tl.load(b + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         # w_t = S_{t-1}^T a_t reads the state before this token's decay
         b_w = tl.sum(b_h * b_a[:, None], axis=0)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0.).to(tl.float32))[:, None]
+            b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_h *= tl.exp(b_gk)[:, None]
         b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
         # o_t reads the state after this token's update
-        tl.store(o + row * V + o_v, tl.sum(b_h * b_q[:, None], axis=0).to(o.dtype.element_ty), mask=m_v)
+        b_o = tl.sum(b_h * b_q[:, None], 0)
+        tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+
     if STORE_FINAL_STATE:
-        tl.store(ht + o_h, b_h, mask=m_kv)
+        tl.store(ht + o_h, b_h, mask=m_h)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -127,11 +130,17 @@ def rwkv7_recurrent_bwd_kernel(
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program = one (V block, sequence * head), a forward walk then segments in reverse (see the
-    # top of this file). dq, dk, da, db, dg sum over V: each V block writes its
-    # own slice [i_v] of a [NV, B, T, H, K] buffer (the launcher sums them when NV > 1); dv sums over K,
-    # which is whole here, so it is written directly.
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    # One program = one (sequence, head) x one V block, a forward walk then segments in reverse.
+    # dS_t is the gradient of the loss w.r.t. S_t through o_t and every later state:
+    #     dS_t = scale q_t do_t^T + M_{t+1}^T dS_{t+1},  dS_T starts from dht,  dq_t = scale S_t do_t.
+    # With S_t = D_t S_{t-1} + b_t w_t^T + k_t v_t^T, w_t = S_{t-1}^T a_t (<X, Y> = sum X * Y):
+    #     dk_t = dS_t v_t, dv_t = dS_t^T k_t, dw_t = dS_t^T b_t, db_t = dS_t w_t, da_t = S_{t-1} dw_t,
+    #     dg_t = exp(λ_t) * rowsum(S_{t-1} * dS_t)  (row i of D_t S_{t-1} is exp(λ_t[i]) S_{t-1}[i, :]),
+    #     M_t^T dS_t = D_t dS_t + a_t dw_t^T       (S_{t-1} reaches S_t through D_t and through w_t).
+    # Key-side gradients sum over V: each V block writes its own slice [i_v] of a [NV, B, T, H, ...]
+    # buffer (the launcher sums them); dv sums over K, which is whole here, so it is written directly.
+    # Scratch: a checkpoint every BT tokens (O(T / BT) states) and BT recomputed states per program.
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -139,21 +148,23 @@ def rwkv7_recurrent_bwd_kernel(
     else:
         bos = i_n.to(tl.int64) * T
         seq_len = T
+
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    # this block inside a row-major [K, V] state
+    m_h = m_k[:, None] & m_v[None, :]
+    # this block inside the row-major [K, V] state of (sequence, head)
     o_kv = o_k[:, None] * V + o_v[None, :]
     o_h = i_nh.to(tl.int64) * K * V + o_kv
-    i_vo = i_v.to(tl.int64) * B * T * H * K
-    dq += i_vo
-    dk += i_vo
-    da += i_vo
-    db += i_vo
+    # this V block's slice of the [NV, B, T, H, ...] partial buffers
+    i_vo = i_v.to(tl.int64) * B * T * H
+    dq += i_vo * K
+    dk += i_vo * K
+    da += i_vo * K
+    db += i_vo * K
     if USE_G:
-        dg += i_vo
+        dg += i_vo * K
     # checkpoint j of this sequence lives at ckpt[bos // BT + i_n + j, i_h] (disjoint per sequence);
     # the segment scratch of this (sequence, head) is seg[i_nh] ([BT, K, V], this block's columns)
     ckpt += ((bos // BT + i_n) * H + i_h) * K * V + o_kv
@@ -162,28 +173,29 @@ def rwkv7_recurrent_bwd_kernel(
     # ---- 1. forward walk: S_t, dq_t = scale S_t do_t; checkpoint S_{t-1} at every segment start ----
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + o_h, mask=m_kv, other=0.)
+        b_h += tl.load(h0 + o_h, mask=m_h, other=0)
     for t in range(0, seq_len):
         row = (bos + t) * H + i_h
         if t % BT == 0:
-            tl.store(ckpt + tl.cast(t // BT, tl.int64) * H * K * V, b_h, mask=m_kv)
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_a = tl.load(a + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_b = tl.load(b + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            tl.store(ckpt + tl.cast(t // BT, tl.int64) * H * K * V, b_h, mask=m_h)
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_a = tl.load(a + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_b = tl.load(b + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         # w_t = S_{t-1}^T a_t reads the state before this token's decay
         b_w = tl.sum(b_h * b_a[:, None], axis=0)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0.).to(tl.float32))[:, None]
+            b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_h *= tl.exp(b_gk)[:, None]
         b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
-        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_dq = tl.sum(b_h * b_do[None, :], axis=1) * scale
         tl.store(dq + row * K + o_k, b_dq.to(dq.dtype.element_ty), mask=m_k)
 
     # ---- 2. segments in reverse: recompute S_{t-1} of the segment, then walk it backwards with dS_t ----
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
-        b_dh += tl.load(dht + o_h, mask=m_kv, other=0.)
+        b_dh += tl.load(dht + o_h, mask=m_h, other=0)
     n_seg = tl.cdiv(seq_len, BT)
     for i_s in range(0, n_seg):
         j = n_seg - 1 - i_s
@@ -192,31 +204,32 @@ def rwkv7_recurrent_bwd_kernel(
         # The checkpoint (first segment) or the scratch (later ones: the previous segment's backward
         # walk reads it) was written or read by other threads of this program.
         tl.debug_barrier()
-        b_h = tl.load(ckpt + tl.cast(j, tl.int64) * H * K * V, mask=m_kv, other=0.)
+        b_h = tl.load(ckpt + tl.cast(j, tl.int64) * H * K * V, mask=m_h, other=0)
         for s in range(0, n_t):
             row = (bos + t0 + s) * H + i_h
-            tl.store(seg + s * K * V, b_h, mask=m_kv)
-            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-            b_a = tl.load(a + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-            b_b = tl.load(b + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            tl.store(seg + s * K * V, b_h, mask=m_h)
+            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_a = tl.load(a + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_b = tl.load(b + row * K + o_k, mask=m_k, other=0).to(tl.float32)
             # w_t = S_{t-1}^T a_t reads the state before this token's decay
             b_w = tl.sum(b_h * b_a[:, None], axis=0)
             if USE_G:
-                b_h *= tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0.).to(tl.float32))[:, None]
+                b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+                b_h *= tl.exp(b_gk)[:, None]
             b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
         tl.debug_barrier()
         for i in range(0, n_t):
             s = n_t - 1 - i
             row = (bos + t0 + s) * H + i_h
             # S_{t-1}, and dS_t = scale q_t do_t^T + M_{t+1}^T dS_{t+1}
-            b_hp = tl.load(seg + s * K * V, mask=m_kv, other=0.)
-            b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32) * scale
-            b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
-            b_a = tl.load(a + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-            b_b = tl.load(b + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            b_hp = tl.load(seg + s * K * V, mask=m_h, other=0)
+            b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+            b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_a = tl.load(a + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_b = tl.load(b + row * K + o_k, mask=m_k, other=0).to(tl.float32)
             b_dh += b_q[:, None] * b_do[None, :]
             tl.store(dk + row * K + o_k, tl.sum(b_dh * b_v[None, :], axis=1).to(dk.dtype.element_ty), mask=m_k)
             tl.store(dv + row * V + o_v, tl.sum(b_dh * b_k[:, None], axis=0).to(dv.dtype.element_ty), mask=m_v)
@@ -226,45 +239,62 @@ def rwkv7_recurrent_bwd_kernel(
             b_dw = tl.sum(b_dh * b_b[:, None], axis=0)
             tl.store(da + row * K + o_k, tl.sum(b_hp * b_dw[None, :], axis=1).to(da.dtype.element_ty), mask=m_k)
             if USE_G:
-                # dg_t = exp(g_t) * rowsum(S_{t-1} * dS_t); the decay then carries dS_t to dS_{t-1}
-                b_e = tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0.).to(tl.float32))
+                # dg_t = exp(λ_t) * rowsum(S_{t-1} * dS_t); the decay then carries dS_t to dS_{t-1}
+                if USE_G:
+                    b_e = tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32))
                 b_dg = b_e * tl.sum(b_hp * b_dh, axis=1)
                 tl.store(dg + row * K + o_k, b_dg.to(dg.dtype.element_ty), mask=m_k)
                 b_dh *= b_e[:, None]
             # dS_{t-1} gets M_t^T dS_t = D_t dS_t + a_t dw_t^T
             b_dh += b_a[:, None] * b_dw[None, :]
     if USE_INITIAL_STATE:
-        tl.store(dh0 + o_h, b_dh, mask=m_kv)
+        tl.store(dh0 + o_h, b_dh, mask=m_h)
 
 
-def fused_recurrent_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, plan):
-    """Token-by-token forward (decode path) of the DPLR recurrence.
+def fused_recurrent_fwd(
+    q,
+    k,
+    v,
+    g,
+    a,
+    b,
+    scale,
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    plan,
+):
+    """Token-by-token forward (decode path): S_t = diag(exp(λ_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T, o_t = scale * S_t^T q_t.
 
-    S_t = diag(exp(g_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,  o_t = scale * S_t^T q_t.
+    Here λ_t = g_t is the log gate of token t (fp32).
 
     Args:
-        q, k, a, b: [B, T, H, K]; v: [B, T, H, V]; one floating dtype.
-        g: [B, T, H, K] per-key-channel log gate (fp32 or q's dtype), or None (no decay)
-        scale: float multiplying q
-        initial_state: [N, H, K, V] float32, or None
-        output_final_state: bool
-        cu_seqlens: [N + 1] int32/int64 (B == 1), or None (N = B).
+        q, k, a, b: [B, T, H, K], contiguous, one floating dtype.
+        v: [B, T, H, V], same dtype.
+        g: [B, T, H, K] per-key-channel log gate, or None (no token gate).
+        scale: float multiplying q.
+        initial_state: [N, H, K, V] float32 or None (zeros).
+        output_final_state: whether to return the state after the last token.
+        cu_seqlens: [N+1] int32/int64 on the device (then B == 1), or None (N = B).
         plan: the Plan; uses plan.config("recurrent_fwd") (block_v, num_warps, num_stages).
 
     Returns:
-        o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: () -- the backward rebuilds the states from initial_state.
+        o: [B, T, H, V] in q's dtype.
+        final_state: [N, H, K, V] float32, or None.
+        saved: () -- the backward recomputes the states from initial_state.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_fwd")
-    # the whole K dim in one block (w_t and o_t contract over it); V split to bound registers
+    # The whole K dim in one block (no cross-program sum for o); V is split to bound registers.
     BK = launch.next_power_of_2(K)
     BV = min(cfg.block_v, launch.next_power_of_2(V))
+    NV = launch.cdiv(V, BV)
+
     o = torch.empty_like(v)
     final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    rwkv7_recurrent_fwd_kernel[(launch.cdiv(V, BV), N * H)](
+    rwkv7_recurrent_fwd_kernel[(N * H, NV)](
         q,
         k,
         v,
@@ -292,46 +322,62 @@ def fused_recurrent_fwd(q, k, v, g, a, b, scale, initial_state, output_final_sta
     return o, final_state, ()
 
 
-def fused_recurrent_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, plan):
+def fused_recurrent_bwd(
+    q,
+    k,
+    v,
+    g,
+    a,
+    b,
+    saved,
+    scale,
+    initial_state,
+    do,
+    dht,
+    cu_seqlens,
+    plan,
+):
     """Backward of fused_recurrent_fwd: a forward walk with checkpoints, then segments in reverse.
 
     Args:
         q, k, v, g, a, b, scale, initial_state, cu_seqlens: as in fused_recurrent_fwd.
-        saved: what fused_recurrent_fwd returned (unused: ()).
-        do: [B, T, H, V] gradient of o; dht: [N, H, K, V] float32 gradient of the final state, or None.
+        saved: what fused_recurrent_fwd returned (unused: nothing is saved).
+        do: [B, T, H, V] gradient of o.
+        dht: [N, H, K, V] gradient of the final state, or None.
         plan: the Plan; uses plan.config("recurrent_bwd") (block_v, num_warps, num_stages).
 
     Returns:
         dq, dk: [B, T, H, K] in q's dtype; dv: [B, T, H, V] in v's dtype;
-        dg: [B, T, H, K] in g's dtype (None when g is None);
+        dg: like g, in g's dtype (None when g is None);
         da, db: [B, T, H, K] in their dtypes;
         dh0: [N, H, K, V] float32, or None when initial_state is None.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_bwd")
     BK = launch.next_power_of_2(K)
     BV = min(cfg.block_v, launch.next_power_of_2(V))
     NV = launch.cdiv(V, BV)
-    # Segment length: the scratch holds T / BT checkpoints plus BT recomputed states per (sequence, head);
-    # 64 balances the two at T ~ 4096 (BT ~ sqrt(T)); short calls (decode) get a shorter segment.
-    BT = min(64, launch.next_power_of_2(T))
     use_g = g is not None
-    # dq, dk, da, db, dg sum over V: fp32 partials per V block when V is split, else written in place
     f32 = torch.float32
+    # dq, dk, da, db sum over V: one fp32 partial per V block when V is split, else written in place.
     dq = q.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else q.dtype)
     dk = k.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else k.dtype)
     da = a.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else a.dtype)
     db = b.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else b.dtype)
-    dg = g.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else g.dtype) if use_g else None
+    # dg sums over V too: per-V-block fp32 partials when V is split
+    dg = g.new_empty(NV, *g.shape, dtype=f32 if NV > 1 else g.dtype) if use_g else None
     dv = torch.empty_like(v)
     dh0 = torch.empty_like(initial_state, dtype=f32) if initial_state is not None else None
+    # Segment length: the scratch holds T / BT checkpoints plus BT recomputed states per (sequence, head);
+    # 64 balances the two at T ~ 4096 (BT ~ sqrt(T)); short calls (decode) get a shorter segment.
+    BT = min(64, launch.next_power_of_2(T))
     # Checkpoints: sequence n owns slots bos_n // BT + n + j, j < ceil(len_n / BT), which never overlap
     # and stay below B * T // BT + N. Segment scratch: BT states per (sequence, head).
     ckpt = q.new_empty(B * T // BT + N, H, K, V, dtype=f32)
     seg = q.new_empty(N * H, BT, K, V, dtype=f32)
-    rwkv7_recurrent_bwd_kernel[(NV, N * H)](
+    rwkv7_recurrent_bwd_kernel[(N * H, NV)](
         q,
         k,
         v,
@@ -368,12 +414,14 @@ def fused_recurrent_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, 
         num_stages=cfg.num_stages,
     )
     if NV > 1:
-        dq, dk = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype)
-        da, db = da.sum(0).to(a.dtype), db.sum(0).to(b.dtype)
-        dg = dg.sum(0).to(g.dtype) if use_g else None
+        dq = dq.sum(0).to(q.dtype)
+        dk = dk.sum(0).to(k.dtype)
+        da = da.sum(0).to(a.dtype)
+        db = db.sum(0).to(b.dtype)
     else:
         dq, dk, da, db = dq[0], dk[0], da[0], db[0]
-        dg = dg[0] if use_g else None
+    if use_g:
+        dg = dg.sum(0).to(g.dtype) if NV > 1 else dg[0]
     return dq, dk, dv, dg, da, db, dh0
 
 

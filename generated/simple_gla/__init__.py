@@ -8,12 +8,14 @@ Generated ops (fla-compatible signatures, layout [B, T, H, K], states [N, H, K, 
     simple_gla_reference        the step-by-step reference derived from the spec (any dtype, e.g. float64)
 """
 
+from fla_gen.features import RankOne
+
 from .chunk import chunk_simple_gla
 from .fused_recurrent import fused_recurrent_simple_gla
 from .reference import simple_gla_reference
 
 # The tensor inputs of both ops in signature order: (name, layout, role, optional). Layout letters as in
-# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], ...); roles: query, key,
+# fla_gen.runtime.validate (BTHK = [B, T, H, K], BTH = [B, T, H], H = [H], G = the value heads HV, ...); roles: query, key,
 # value, gate (log-space decay) or other. Code that builds the inputs (fla_gen.layers) reads this.
 INPUTS = (
     ('q', 'BTHK', 'query', False),
@@ -22,6 +24,6 @@ INPUTS = (
     ('g', 'BTH', 'gate', True),
     ('g_gamma', 'H', 'gate', True),
 )
-FAMILY = 'gated'  # the chunked algorithm's family: gated (no low-rank term) or delta
+FAMILY = RankOne.NONE  # the transition's rank-1 part (fla_gen.features): NONE, DELTA or GENERAL
 
 __all__ = ["FAMILY", "INPUTS", "chunk_simple_gla", "fused_recurrent_simple_gla", "simple_gla_reference"]

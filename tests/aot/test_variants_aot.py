@@ -22,7 +22,7 @@ from tests.support import AWAITING_LOWERING, REPO_ROOT, VARIANTS_DIR
 # that is an expression of three inputs with a scalar write factor (SSD), a general rank-1 term under a
 # per-token scalar gate, a derived write key; and two that build without the lowering (per-channel plus
 # per-head gate, a general rank-1 term without a gate).
-AOT_VARIANTS = ("kda", "ssd", "dplr_scalar_gate", "derived_key", "channel_head_decay", "dplr_no_gate")
+AOT_VARIANTS = ("channel_gated_delta", "ssd", "dplr_scalar_gate", "derived_key", "channel_head_decay", "dplr_no_gate")
 
 _SCRIPT = """
 import json, sys

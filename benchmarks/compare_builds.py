@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Two builds of the shipped ops, the same calls, timed in alternating processes: did a change slow an op?
+
+    git worktree add /tmp/before <commit>                  # a source checkout of the build to compare with
+    python benchmarks/compare_builds.py --before /tmp/before --ops gla,rwkv7 --shapes 4x4096x16x128
+
+Each build runs in its own process (its own fla_gen, generated packages and plans, so a change anywhere is
+compared), ``--rounds`` times each, alternating before, after, before, after: a GPU that runs faster or slower
+for a stretch lands on both sides. Every process times, per op and shape, the chunk op's forward (no autograd)
+and forward+backward on the same inputs (fixed seed: the packages' INPUTS roles, gates logsigmoid(randn) / 16
+in fp32, unit-norm keys, beta sigmoid(randn), RWKV-7-style a = -k̂, b = η k̂), each a do_bench median after a
+warm-up call. The table gives each side's median over its rounds and the worst pair: min over rounds of
+before / after (below 1: the change is slower in at least one round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dplr", "rwkv7")
+
+
+def _inputs(pkg, shape, seed: int):
+    """The package's chunk-op tensors for shape (B, T, H, D), in its INPUTS order (bf16, gates fp32)."""
+    import torch
+    import torch.nn.functional as F
+
+    B, T, H, D = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*s):
+        return torch.randn(*s, device="cuda", generator=gen)
+
+    out, direction = [], F.normalize(randn(B, T, H, D), dim=-1)
+    for _name, layout, role, optional in pkg.INPUTS:
+        per_token = layout.startswith("BT")
+        if optional and not per_token:  # a per-head constant gate left out: the per-token one is given
+            out.append(None)
+            continue
+        size = (B, T, H) + ((D,) if layout.endswith(("K", "V")) else ()) if per_token else (H,)
+        if role == "gate":
+            x = F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device="cuda")
+        elif role == "rank1_read":
+            x = -direction
+        elif role == "rank1_write":
+            x = direction * torch.sigmoid(randn(B, T, H, 1))
+        elif role in ("query", "key"):
+            x = F.normalize(randn(*size), dim=-1)
+        elif role == "value":
+            x = randn(*size)
+        else:
+            x = torch.sigmoid(randn(*size))
+        out.append((x.float() if role == "gate" else x.bfloat16()).requires_grad_(True))
+    return out
+
+
+def _time_call(fn, args: list, do_bench) -> list[float]:
+    """Median ms of fn's forward (no autograd) and forward+backward on ``args``, after a warm-up call."""
+    import torch
+
+    leaves = [a for a in args if a is not None]
+    do = torch.randn_like(fn(*args)[0])
+
+    def forward():
+        with torch.no_grad():
+            fn(*args)
+
+    def forward_backward():
+        fn(*args)[0].backward(do)
+
+    forward_backward()  # compile both directions before timing
+    return [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+            for f in (forward, forward_backward)]
+
+
+def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) -> dict:
+    """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms]}."""
+    import importlib
+
+    import torch
+    from triton.testing import do_bench
+
+    sys.path.insert(0, os.getcwd())
+    out = {}
+    for op in ops:
+        pkg = importlib.import_module(f"generated.{op}")
+        fn = getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
+        for shape in shapes:
+            out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, _inputs(pkg, shape, seed), do_bench)
+            torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", type=Path, required=True, help="a source checkout of the build to compare with")
+    p.add_argument("--after", type=Path, default=ROOT, help="the other checkout (default: this one)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated packages (default: {','.join(OPS)})")
+    p.add_argument("--shapes", default="4x4096x16x128", help="comma-separated BxTxHxD (default: 4x4096x16x128)")
+    p.add_argument("--rounds", type=int, default=3, help="processes per side, alternating (default: 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    ops = [o for o in a.ops.split(",") if o]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
+    if a.child:
+        print(json.dumps(child(ops, shapes, a.seed)))
+        return 0
+    sides = {"before": a.before.resolve(), "after": a.after.resolve()}
+    results: dict[str, list[dict]] = {side: [] for side in sides}
+    for r in range(a.rounds):
+        for side, root in sides.items():
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--before", ".", "--ops", a.ops,
+                   "--shapes", a.shapes, "--seed", str(a.seed)]
+            run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+            if run.returncode:
+                print(run.stderr[-3000:], file=sys.stderr)
+                return 1
+            results[side].append(json.loads(run.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {side}: done", file=sys.stderr, flush=True)
+    lines = ["| op | shape | fwd before | fwd after | worst before/after | f+b before | f+b after | "
+             "worst before/after |", "|---|---|---|---|---|---|---|---|"]
+    worst_all = math.inf
+    for key in results["after"][0]:
+        op, shape = key.split()
+        cells = []
+        for i in (0, 1):
+            before = [res[key][i] for res in results["before"]]
+            after = [res[key][i] for res in results["after"]]
+            worst = min(b / x for b, x in zip(before, after, strict=True))
+            worst_all = min(worst_all, worst)
+            cells += [f"{statistics.median(before):.3f}", f"{statistics.median(after):.3f}", f"{worst:.3f}"]
+        lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+    print(f"worst before/after over every cell and round: {worst_all:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Grouped value heads in the DSL: q, k on H heads, v / gates / beta / state on HV = r·H heads.
+
+Checks with positions, the layouts the emitter gives the runtime, CheckedSpec.grouped, and the host-side
+fallback the generated functions carry (no kernel runs here)."""
+
+import pytest
+
+from fla_gen.canonical import canonicalize
+from fla_gen.check import check_spec
+from fla_gen.emit import emit_package
+from fla_gen.errors import SpecError
+from fla_gen.ir import Heads
+from fla_gen.lower import lower
+from fla_gen.parse import parse_spec
+from fla_gen.plan import select_algorithms
+
+GROUPED = """op t
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, HV, V]
+input g: [B, T, HV]
+input beta: [B, T, HV]
+state S: [K, V]
+param scale = K ** -0.5
+update S = exp(g) * S
+update S = S + beta * outer(k, v - S^T @ k)
+output o = scale * S^T @ q
+"""
+
+
+def checked(source: str):
+    return check_spec(parse_spec(source, "t.fla"))
+
+
+def test_inputs_record_their_heads_and_the_spec_is_grouped():
+    spec = checked(GROUPED)
+    assert [i.heads for i in spec.inputs] == [Heads.H, Heads.H, Heads.HV, Heads.HV, Heads.HV]
+    assert spec.input("v").per_token and spec.input("v").vec_dim == "V"
+    assert spec.grouped
+
+
+def test_a_spec_on_h_heads_only_is_not_grouped():
+    spec = checked(GROUPED.replace("HV", "H"))
+    assert all(i.heads is Heads.H for i in spec.inputs)
+    assert not spec.grouped
+
+
+def test_per_head_inputs_may_live_on_either_heads():
+    source = GROUPED.replace("input beta: [B, T, HV]\n", "input beta: [B, T, HV]\ninput a: [H]\ninput c: [HV] = 0\n")
+    source = source.replace("update S = exp(g) * S", "update S = exp(g + a + c) * S")
+    spec = checked(source)
+    assert (spec.input("a").heads, spec.input("a").per_token) == (Heads.H, False)
+    assert (spec.input("c").heads, spec.input("c").per_token) == (Heads.HV, False)
+
+
+def _error(source: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        canonicalize(checked(source))
+    return info.value
+
+
+ERRORS = [
+    # (id, source, line, col, words in the message)
+    ("value vectors on H in a grouped spec", GROUPED.replace("input v: [B, T, HV, V]", "input v: [B, T, H, V]"),
+     4, 17, "so the state lives on HV heads"),
+    ("HV names an input", GROUPED.replace("input beta: [B, T, HV]", "input HV: [B, T, HV]"), 6, 1,
+     "'HV' is a layout dim and cannot name an input"),
+    ("HV as a state dim", GROUPED.replace("state S: [K, V]", "state S: [HV, V]"), 7, 11,
+     "'HV' is a layout dim (B, T, H, HV)"),
+    ("a third kind of heads", GROUPED.replace("input g: [B, T, HV]", "input g: [B, T, HG]"), 5, 17,
+     "must be laid out [B, T, H, ...] / [B, T, HV, ...]"),
+    ("per-head on unknown heads", GROUPED.replace("input beta: [B, T, HV]", "input beta: [G]"), 6, 14,
+     "or [H, ...] / [HV, ...] (per head)"),
+    ("a transform of an H input reads an HV per-head input",
+     GROUPED.replace("state S", "input w: [HV]\nstate S").replace("param scale = K ** -0.5\n",
+                                                                  "param scale = K ** -0.5\ntransform q = q * w\n"),
+     10, 19, "reads 'w' on the value heads HV"),
+]
+
+
+@pytest.mark.parametrize(("source", "line", "col", "words"), [c[1:] for c in ERRORS], ids=[c[0] for c in ERRORS])
+def test_grouped_spec_errors_have_positions(source, line, col, words):
+    err = _error(source)
+    assert (err.pos.line, err.pos.col) == (line, col), err.render()
+    assert words in err.message, err.render()
+
+
+def test_a_transform_of_an_hv_input_may_read_an_h_per_head_input():
+    source = GROUPED.replace("state S", "input A_log: [H]\nstate S").replace(
+        "param scale = K ** -0.5\n", "param scale = K ** -0.5\ntransform g = -exp(A_log) * softplus(g)\n")
+    assert checked(source).grouped
+
+
+def _files(source: str) -> dict[str, str]:
+    rec = canonicalize(checked(source))
+    return {f.path: f.text for f in emit_package(rec)}
+
+
+def test_grouped_layouts_and_the_host_fallback_are_emitted():
+    files = _files(GROUPED)
+    chunk = files["t/chunk.py"]
+    for arg, layout in (("q", "BTHK"), ("k", "BTHK"), ("v", "BTGV"), ("g", "BTG"), ("beta", "BTG")):
+        assert f'TensorArg("{arg}", "{layout}"' in chunk
+        assert f"({arg!r}, {layout!r}," in files["t/__init__.py"]
+    # the chunk kernels get q, k repeated on the host; the fused recurrent kernels read head hv // (HV / H)
+    assert "if call.HV != call.H:" in chunk and "if call.HV != call.H:" not in files["t/fused_recurrent.py"]
+    assert "row_k = (bos + t) * H + i_hk" in files["t/fused_recurrent.py"]
+    assert "q = q.repeat_interleave(groups, dim=2)" in chunk
+    assert "v = v.repeat_interleave" not in chunk
+    assert "v: [B, T, HV, V] values" in chunk
+    assert "final_state: [N, HV, K, V]" in chunk
+    ref = files["t/reference.py"]
+    assert "k = k.repeat_interleave(groups, dim=2)" in ref and "torch.zeros(batch, HV, K, V" in ref
+
+
+def test_per_head_h_inputs_repeat_along_their_only_head_dim():
+    source = """op t
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, HV, V]
+input g: [B, T, HV] = 0
+input g_gamma: [H] = 0
+state S: [K, V]
+update S = exp(g + g_gamma) * S + outer(k, v)
+output o = S^T @ q
+"""
+    files = _files(source)
+    assert "g_gamma = None if g_gamma is None else g_gamma.repeat_interleave(groups, dim=0)" in files["t/chunk.py"]
+    assert "g = g.repeat_interleave" not in files["t/chunk.py"]
+    assert "g_gamma = g_gamma.repeat_interleave(groups, dim=0)" in files["t/reference.py"]
+
+
+def test_an_ungrouped_spec_has_no_fallback():
+    files = _files(GROUPED.replace("HV", "H"))
+    assert "call.HV" not in files["t/chunk.py"] and "repeat_interleave" not in files["t/reference.py"]
+    assert "[N, H, K, V]" in files["t/chunk.py"]
+
+
+def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
+    """A kernel template listed in GROUPING_TEMPLATES reads q/k head hv // r itself (features.grouped):
+    its op skips the host-side repeat, the other op of the spec keeps it."""
+    import fla_gen.emit as emit
+
+    rec = canonicalize(checked(GROUPED))
+    chunk_algo, _ = select_algorithms(rec)
+    assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
+    monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
+    assert emit.kernel_groups_heads(lower(rec), chunk_algo)
+    files = {f.path: f.text for f in emit.emit_package(rec)}
+    assert "repeat_interleave" not in files["t/chunk.py"]
+    assert "if call.HV != call.H:" in files["t/fused_recurrent.py"]
+
+
+def test_transforms_over_both_kinds_of_heads_keep_the_host_fallback(monkeypatch):
+    """The transform pass walks one set of rows for all its targets: q on H and beta on HV cannot share it."""
+    import fla_gen.emit as emit
+
+    source = GROUPED.replace("param scale = K ** -0.5\n",
+                             "param scale = K ** -0.5\ntransform q = l2norm(q)\ntransform beta = sigmoid(beta)\n")
+    rec = canonicalize(checked(source))
+    chunk_algo, _ = select_algorithms(rec)
+    monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
+    assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
+    only_hv = canonicalize(checked(GROUPED.replace("param scale = K ** -0.5\n",
+                                                   "param scale = K ** -0.5\ntransform beta = sigmoid(beta)\n")))
+    assert emit.kernel_groups_heads(lower(only_hv), chunk_algo)

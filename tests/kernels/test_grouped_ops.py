@@ -1,0 +1,151 @@
+"""Grouped value heads through the generated ops (interpreter, fp32, small shapes): q, k [B, T, H, K] with
+v, g, beta [B, T, HV, ...] and the state [N, HV, K, V], HV = 2·H, against the float64 derived reference.
+
+The reference itself is checked against an independent oracle: the ungrouped reference of the same
+recurrence run on q and k repeated over their groups, whose dq and dk summed over each group must be
+the grouped dq and dk."""
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from fla_gen.canonical import canonicalize
+from fla_gen.check import check_spec
+from fla_gen.emit import emit_package
+from fla_gen.parse import parse_spec
+from fla_gen.sample import relative_error, sample_inputs
+from fla_gen.verify import TOLERANCE, compare_with_reference
+from fla_gen.write import write_files
+from tests.support import REPO_ROOT, generated, poisoned_allocations, recurrence
+
+H, HV, K, V = 2, 4, 16, 16
+GROUPS = HV // H
+
+
+def _check(result):
+    assert not result.failures(), result.errors
+    # every gradient was compared: q, k on H heads (summed over their groups), the rest on HV
+    assert {"dq", "dk", "dv", "dg", "dbeta", "dinitial_state"} <= set(result.errors)
+
+
+def _gdn_case(mode: str, B: int, T: int, cu_seqlens: list[int] | None, seed: int):
+    x = sample_inputs(recurrence("gated_delta_rule"), B, T, H, K, V, torch.float32, seed=seed, HV=HV)
+    assert x["q"].shape[2] == H and x["v"].shape[2] == HV and x["g"].shape == (B, T, HV)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    torch.manual_seed(seed)
+    inputs = {**x, "initial_state": torch.randn(N, HV, K, V)}
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    pkg = generated("gated_delta_rule")
+    return compare_with_reference(getattr(pkg, f"{mode}_gated_delta_rule"), pkg.gated_delta_rule_reference, inputs,
+                                  torch.float32, name=f"{mode}_gated_delta_rule", guard=poisoned_allocations,
+                                  cu_seqlens=cu)
+
+
+# The chunked op gets sequences over one 64-token chunk, so states cross chunk boundaries.
+@pytest.mark.parametrize(("mode", "T"), [("chunk", 70), ("fused_recurrent", 24)])
+def test_gated_delta_rule_grouped(mode, T):
+    _check(_gdn_case(mode, 2, T, None, seed=11))
+
+
+@pytest.mark.parametrize(("mode", "cu_seqlens"), [("chunk", [0, 13, 13, 84]), ("fused_recurrent", [0, 7, 7, 26])])
+def test_gated_delta_rule_grouped_varlen(mode, cu_seqlens):
+    _check(_gdn_case(mode, 1, cu_seqlens[-1], cu_seqlens, seed=12))
+
+
+def test_grouped_spec_with_hv_equal_h_runs_ungrouped():
+    """HV == H: the shipped grouped spec takes fla's ungrouped call unchanged."""
+    x = sample_inputs(recurrence("gated_delta_rule"), 1, 20, H, K, V, torch.float32, seed=13)
+    pkg = generated("gated_delta_rule")
+    result = compare_with_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference,
+                                    {**x, "initial_state": torch.randn(1, H, K, V)}, torch.float32,
+                                    name="chunk_gated_delta_rule", guard=poisoned_allocations)
+    assert not result.failures(), result.errors
+
+
+def _ungrouped_reference():
+    """gated_delta_rule's reference derived from the spec with every input on H heads."""
+    text = (REPO_ROOT / "specs" / "gated_delta_rule.fla").read_text().replace("HV", "H")
+    rec = canonicalize(check_spec(parse_spec(text, "ungrouped.fla")))
+    assert not rec.spec.grouped
+    source = next(f.text for f in emit_package(rec) if f.path.endswith("reference.py"))
+    namespace: dict = {}
+    exec(compile(source, "ungrouped_reference.py", "exec"), namespace)
+    return namespace["gated_delta_rule_reference"]
+
+
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 5, 19]])
+def test_grouped_reference_equals_ungrouped_on_repeated_qk(cu_seqlens):
+    B, T = (2, 19) if cu_seqlens is None else (1, 19)
+    x = sample_inputs(recurrence("gated_delta_rule"), B, T, H, K, V, torch.float64, seed=14, HV=HV)
+    x = {n: t.double().requires_grad_(True) for n, t in x.items()}
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    h0 = torch.randn(N, HV, K, V, dtype=torch.float64, requires_grad=True)
+    kw = {"cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens), "output_final_state": True}
+    o, ht = generated("gated_delta_rule").gated_delta_rule_reference(*x.values(), initial_state=h0, **kw)
+    q_rep = x["q"].detach().repeat_interleave(GROUPS, dim=2).requires_grad_(True)
+    k_rep = x["k"].detach().repeat_interleave(GROUPS, dim=2).requires_grad_(True)
+    o_u, ht_u = _ungrouped_reference()(q_rep, k_rep, x["v"], x["g"], x["beta"], initial_state=h0, **kw)
+    assert o.shape == (B, T, HV, V) and ht.shape == (N, HV, K, V)
+    assert relative_error(o, o_u) < 1e-12 and relative_error(ht, ht_u) < 1e-12
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    dq, dk = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), [x["q"], x["k"]])
+    dq_rep, dk_rep = torch.autograd.grad((o_u * do).sum() + (ht_u * dht).sum(), [q_rep, k_rep])
+    for grad, grad_rep in ((dq, dq_rep), (dk, dk_rep)):
+        summed = grad_rep.view(B, T, H, GROUPS, K).sum(3)  # head h's gradient: the sum over its value heads
+        assert relative_error(grad, summed) < 1e-12
+        assert relative_error(grad, grad_rep[:, :, ::GROUPS]) > 1e-3  # a single value head's share is not it
+
+
+# Another family (gated, per-channel decay) declared grouped, with a transform of an H-head input: the
+# host-side fallback repeats q and k before the transform pass.
+GROUPED_GLA = """op grouped_gla
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, HV, V]
+input g: [B, T, HV, K]
+state S: [K, V]
+param scale = K ** -0.5
+transform k = l2norm(k)
+update S = exp(g) * S + outer(k, v)
+output o = scale * S^T @ q
+"""
+
+
+@pytest.fixture(scope="module")
+def grouped_gla(tmp_path_factory):
+    rec = canonicalize(check_spec(parse_spec(GROUPED_GLA, "grouped_gla.fla")))
+    root = tmp_path_factory.mktemp("grouped_gla")
+    write_files(emit_package(rec), root)
+    sys.path.insert(0, str(root))
+    try:
+        yield rec, importlib.import_module("grouped_gla")
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.startswith("grouped_gla")]:
+            del sys.modules[name]
+
+
+def test_grouped_gla_chunk(grouped_gla):
+    rec, pkg = grouped_gla
+    x = sample_inputs(rec, 1, 30, H, K, V, torch.float32, seed=15, HV=HV)
+    result = compare_with_reference(pkg.chunk_grouped_gla, pkg.grouped_gla_reference,
+                                    {**x, "initial_state": torch.randn(2, HV, K, V)}, torch.float32,
+                                    name="chunk_grouped_gla", guard=poisoned_allocations,
+                                    cu_seqlens=torch.tensor([0, 11, 30], dtype=torch.int32))
+    assert not result.failures(), result.errors
+
+
+def test_grouped_gla_decode_path(grouped_gla):
+    """Without autograd the fused_recurrent kernel applies the transform on load, on the repeated q, k."""
+    rec, pkg = grouped_gla
+    x = sample_inputs(rec, 2, 9, H, K, V, torch.float32, seed=16, HV=HV)
+    h0 = torch.randn(2, HV, K, V)
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = pkg.fused_recurrent_grouped_gla(*x.values(), initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = pkg.grouped_gla_reference(*(t.double() for t in x.values()), initial_state=h0.double(),
+                                              output_final_state=True)
+    tol = TOLERANCE[torch.float32][0]
+    assert o.shape == (2, 9, HV, V)
+    assert relative_error(o, ref_o) < tol and relative_error(ht, ref_ht) < tol
