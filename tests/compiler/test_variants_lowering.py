@@ -95,23 +95,9 @@ EQUAL_FORMS = [
      "update S = S + beta * outer(k, v - S^T @ k)\noutput o = scale * S^T @ q\n",
      "update S = S + outer(beta * k, v) - beta * outer(k, S^T @ k)\noutput o = scale * S^T @ q\n"),
 ]
-# Pairs the front end refuses one form of (so there is nothing to compare yet).
-EQUAL_FORMS_REFUSED = frozenset({"decay_on_the_right"})
-
-
-@pytest.mark.parametrize(("inputs", "one", "other"),
-                         [pytest.param(i, a, b, id=n) for n, i, a, b in EQUAL_FORMS if n not in EQUAL_FORMS_REFUSED])
+@pytest.mark.parametrize(("inputs", "one", "other"), [pytest.param(i, a, b, id=n) for n, i, a, b in EQUAL_FORMS])
 def test_equal_forms_lower_alike(inputs, one, other):
     assert _lowered(one, inputs) == _lowered(other, inputs)
-
-
-@pytest.mark.parametrize(("inputs", "one", "other"),
-                         [pytest.param(i, a, b, id=n) for n, i, a, b in EQUAL_FORMS if n in EQUAL_FORMS_REFUSED])
-def test_equal_form_still_refused(inputs, one, other):
-    """Fails once the front end accepts the second form: then move the pair to test_equal_forms_lower_alike."""
-    _lowered(one, inputs)
-    with pytest.raises(SpecError):
-        _lowered(other, inputs)
 
 
 def test_equal_forms_differ_where_they_should():
