@@ -16,6 +16,7 @@ import torch
 
 from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all, dedupe_launches
 from fla_gen.canonical import Recurrence
+from fla_gen.lower import lower
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.runtime.launch import forced_sm_count
 from fla_gen.sample import sample_inputs
@@ -47,8 +48,10 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
     x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
     extra = {}
     if bounded:
-        for gate in rec.decay:  # the token gate and a per-head one: the bound holds for their sum
-            x[gate.input] = torch.zeros_like(x[gate.input])
+        # every input of the gate at 0 (the token gate and a per-head one: the bound holds for their sum); a
+        # derived gate's value at 0 is checked against the bound by the op itself
+        for name in lower(rec).gate_inputs:
+            x[name] = torch.zeros_like(x[name])
         extra["gate_lower_bound"] = _AOT_GATE_BOUND
     N = 3 if varlen else B
     h0 = torch.zeros(N, H, K, V, requires_grad=True)
@@ -108,7 +111,8 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                     entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
             # chunk ops with a plan for bounded gates (other kernels: FACTORED, 32-token chunks), where this
             # target has one; with cu_seqlens on the last of varlen_caps
-            if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}):
+            # (an op without a per-token gate has no gate_lower_bound argument: nothing to bound)
+            if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}) or not lower(rec).features.token_gate:
                 continue
             varlen = bool(varlen_caps) and cap == varlen_caps[-1]
             with forced_arch(ARCH_OF_CAP[cap]):

@@ -276,7 +276,10 @@ def _slot_code(s: Slot, lowered: Lowered) -> str:
     if s.source is SlotSource.HOST:
         shape = "(call.H,)" if not s.per_token else "(call.B, call.T, call.H" + \
             (", call.K" if s.dims == "K" else ", call.V" if s.dims == "V" else "") + ")"
-        return f"torch.as_tensor({code}, dtype={dtype}, device=call_device).expand({shape}).contiguous()"
+        # a per-head [H] value broadcast over a head dim: H lines up with the head axis, not with K or V
+        # (expand aligns trailing dims; at H == K it would broadcast over the wrong axis without an error)
+        heads = "[:, None]" if s.per_token and s.dims and s.expr.ty.varies == "head" else ""
+        return f"torch.as_tensor({code}, dtype={dtype}, device=call_device){heads}.expand({shape}).contiguous()"
     if s.dims and not s.expr.ty.dims:  # a per-token scalar broadcast over a head dim
         size = "call.K" if s.dims == "K" else "call.V"
         return f"({code})[..., None].expand(call.B, call.T, call.H, {size}).to({dtype}).contiguous()"

@@ -246,8 +246,9 @@ def _match_delta(rec: Recurrence) -> tuple[Node, Node, Node] | None:
     S_t = (I - β k kᵀ) D_t S_{t-1} + β k vᵀ, after moving scalar factors between the vectors; else None.
 
     With u = c_u κ, w = c_w ω, x = c_x κ', y = c_y ν: κ = κ' (the same key expression), ω = κ with the
-    state's per-channel decay factors applied (the read sees the decayed state), c_w holds the state's
-    scalar decay factors, β = -c_u c_w / (those factors), and c_x = β times the factors that then scale v.
+    state's per-channel decay factors applied (the read sees the decayed state), c_u c_w holds the state's
+    scalar decay factors (a scalar decay commutes with the update), β = -c_u c_w / (those factors), and
+    c_x c_y = β times the factors that then scale v.
     """
     lr = rec.low_rank
     x, y = rec.write
@@ -263,10 +264,11 @@ def _match_delta(rec: Recurrence) -> tuple[Node, Node, Node] | None:
         omega = omega.args[1]
     if vector_factors or _key(omega) != _key(kappa):
         return None
-    c_w = list(lr.w.coef)
-    if not all(_remove(c_w, f) for f in scalar_factors):
+    # a scalar decay commutes with the rank-1 term: its factors may sit on u or on w (the decay applied
+    # before or after the delta step), and β is what remains of both
+    beta_factors = list(lr.u.coef) + list(lr.w.coef)
+    if not all(_remove(beta_factors, f) for f in scalar_factors):
         return None
-    beta_factors = list(lr.u.coef) + c_w
     if not _remove(beta_factors, Lit(-1.0, Ty((), "const"), kappa.pos)):
         beta_factors.append(Lit(-1.0, Ty((), "const"), kappa.pos))
     rest = list(x.coef) + list(y.coef)  # scalars move freely between the two vectors of the write
