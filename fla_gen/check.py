@@ -53,7 +53,7 @@ SAMPLE_HEAD_DIMS = (16, 32, 64, 128, 256)
 PYTHON_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 # Builtins that the generated functions whose arguments and locals are spec names call.
 USED_BUILTINS = frozenset({"any", "bool", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min",
-                           "range", "slice", "sum", "tuple", "zip"})
+                           "object", "range", "slice", "sum", "tuple", "zip", "ValueError"})
 # Module-level names of the generated op modules that the public functions read, and their own arguments
 # and locals; the reference's arguments and locals; the transforms' arguments and locals.
 GENERATED_NAMES = frozenset({
@@ -61,6 +61,7 @@ GENERATED_NAMES = frozenset({
     "torch", "triton", "tl", "math", "launch", "select_plan", "select_bounded_plan", "OpSignature",
     "backward_outputs", "call_op", "chunk_tables", "define_op", "forward_outputs", "varlen_bounds", "shapes_only",
     "TensorArg", "check_gates_respect_bound", "validate_call", "validate_gate_lower_bound", "rope_positions",
+    "validate_flags", "validate_guarded_inputs", "validate_options", "groups", "call_device", "flags",
     "rope_reference", "validate_rope", "cdiv", "next_power_of_2", "row_tile", "tile_of_one_token",
     # the plan tables and the launchers of the kernel templates
     "CHUNK_PLANS", "RECURRENT_PLANS", "BOUNDED_CHUNK_PLANS", "chunk_fwd", "chunk_bwd", "fused_recurrent_fwd",

@@ -82,7 +82,8 @@ CASES = [
     # --- the recurrence
     ("not linear in S", base(l7="update S = exp(S) + outer(k, v)"), 7, "linear in the state"),
     ("no carry", base(l7="update S = outer(k, v)"), 7, "drops the previous state"),
-    ("decay not exp", GATED.replace("exp(g) * S", "g * S"), 8, "exp(g) of a log-space gate"),
+    ("decay not provably positive", GATED.replace("exp(g) * S", "g * S"), 8,
+     "a factor the compiler can prove positive"),
     ("l2norm in an update", base(l7="update S = S + outer(l2norm(k), v)"), 7, "per-token transform"),
     # --- param defaults and numbers, evaluated when the spec is checked
     ("param divides by zero", base(l6="param scale = 1 / 0"), 6, "divides by zero"),

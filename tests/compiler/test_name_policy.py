@@ -23,8 +23,10 @@ output o = S^T @ q
 
 def spec_names(op: str) -> set[str]:
     spec = recurrence(op).spec
-    return {i.name for i in spec.inputs} | {p.name for p in spec.params} | {
-        spec.state_name, spec.key_dim, spec.value_dim} | {f"{i.name}_t" for i in spec.inputs}
+    inputs = (*spec.inputs, *spec.guarded_inputs)
+    return ({i.name for i in inputs} | {p.name for p in spec.params} | {f.name for f in spec.flags}
+            | {o.name for o in spec.options} | {spec.state_name, spec.key_dim, spec.value_dim}
+            | {f"{i.name}_t" for i in inputs})
 
 
 def function_names(tree: ast.Module, function: str) -> set[str]:

@@ -51,8 +51,9 @@ CASES = [
     ("not linear in S", HEAD + "update S = exp(S) + outer(k, v)\n" + OUT, 7, 12, "linear in the state"),
     ("state times state", HEAD + "update S = S + outer(k, S^T @ (S @ v))\n" + OUT, 7, 29,
      "product of the state with itself"),
-    ("decay not exp", HEAD.replace("state", "input g: [B, T, H]\nstate") + "update S = g * S + outer(k, v)\n"
-     + OUT, 8, 12, "exp(g) of a log-space gate"),
+    ("decay not provably positive",
+     HEAD.replace("state", "input g: [B, T, H]\nstate") + "update S = g * S + outer(k, v)\n" + OUT, 8, 12,
+     "a factor the compiler can prove positive"),
     ("no carry", HEAD + "update S = outer(k, v)\n" + OUT, 7, 12, "drops the previous state"),
     ("no write", HEAD.replace("input k", "input kk") + "update S = S\noutput o = scale * S^T @ q\n", 3, 1,
      "never used"),

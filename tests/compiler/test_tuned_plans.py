@@ -46,7 +46,11 @@ def test_every_entry_names_a_known_target_and_a_measurement_of_that_target():
 
 
 def test_every_source_is_cited_and_unknown_ids_are_refused():
-    cited = {sid for spec in SPECS for t in _tables(recurrence(spec.stem)).values() for p in t.values()
+    from fla_gen.cli import load_recurrence
+
+    variants = sorted((SPECS[0].parent.parent / "tests" / "variants").glob("*.fla"))
+    recurrences = [recurrence(spec.stem) for spec in SPECS] + [load_recurrence(v) for v in variants]
+    cited = {sid for rec in recurrences for t in _tables(rec).values() for p in t.values()
              for _, c in p.kernels for sid in c.source.split(",")}
     assert cited == set(measurements.SOURCES)
     with pytest.raises(KeyError, match="unknown plan source id 'nope'"):
