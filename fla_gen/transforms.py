@@ -230,7 +230,7 @@ class _Lowering:
         offsets (the same cache lines, so no extra DRAM traffic); otherwise a tl.gather on the registers.
         The load measured faster: the forward transform kernel of gated_delta_rule_rope took 0.104 ms
         against 0.137 with the gather (16 rows of 4x4096x16x128 bf16 per program, 4 warps; 0.158 at 8 rows
-        either way) on the H100, against 0.096 with no rope at all (benchmarks/RESULTS.md, session 8).
+        either way) on the H100, against 0.096 with no rope at all (the experiment is in git history at 0a80dc0).
         """
         if x in self.loaded:
             ptr, dim = self.loaded[x]
@@ -322,7 +322,8 @@ class _Lowering:
                 # the partner map is an involution: sum_i dy_i rs_i [rp_i = c] = (dy rs)[rp_c]; and a partner
                 # shares its channel's angle with the sign of its sine flipped (rs 0 on pass-through
                 # channels), so (dy rs)[rp] = -rs dy[rp]: a second load where dy is a gradient the kernel
-                # loaded (the backward kernel 0.244 -> 0.214 ms at 4x4096x16x128, 8 rows per program; H100, session 8)
+                # loaded (the backward kernel 0.244 -> 0.214 ms at 4x4096x16x128, 8 rows per program; H100,
+                # experiment in git history at 0a80dc0)
                 if dy in self.loaded:
                     add(a, f"{dy} * rc{j} - rs{j} * {self.rope_partner(dy, j)}", s)
                 else:
@@ -360,7 +361,7 @@ def norms_before_rotations(transforms: tuple[TransformInfo, ...]) -> tuple[Trans
     the backward kernel never needs rope's output (rope's vector-Jacobian product reads only dy and the
     angles), so it does one tl.gather per input instead of two: the backward of rope + l2norm at
     4x4096x16x128 bf16 took 0.340 ms against 0.112 (rope) + 0.134 (l2norm) alone on the H100
-    (benchmarks/transform_breakdown.py, 2026-11-23).
+    (benchmarks/transform_breakdown.py, in git history at 0a80dc0).
     """
     out = list(transforms)
     for i in range(len(out)):
@@ -394,7 +395,7 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
     # l2norm forward kernel (H100, benchmarks/transform_breakdown.py), while it saves the backward a gather.
     # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
-    # process; benchmarks/results/2026-11-24_h100_decode_rope_partner_ab_s8.txt).
+    # process; the A/B is in git history at 0a80dc0).
     tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True)
     row = _lower_transforms(lowered, ROW, norms_first=False)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers

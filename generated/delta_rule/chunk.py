@@ -289,7 +289,7 @@ def delta_rule_fwd_h_kernel(
         # subtracts after the dot: folding it into the dot as W (-h) + U kept a negated copy of the state
         # alive, 64 more FADDs and 32 more conversions per thread per chunk at K = 256 and 238 vs 253
         # registers, and cost 0.345 vs 0.238 ms at 2x8192x8x256, 0.449 vs 0.266 at 1x16384x16x128 (H100,
-        # same launch configs, same process; benchmarks/RESULTS.md, session 8)
+        # same launch configs, same process; the experiment is in git history at 0a80dc0)
         b_hb = b_h.to(h.dtype.element_ty)
         tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
         b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
@@ -363,7 +363,7 @@ def delta_rule_fwd_fused_kernel(
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_vnb = b_vn.to(b_kT.dtype)
         # P before q @ h: in the other order the head-dim-128 build spilled 60 B at [64, 4 warps, 3 stages] (fla-gen
-        # aot, sm90) and the forward took 0.404 ms against 0.329 at 4x4096x16x128 (H100, RESULTS.md session 9)
+        # aot, sm90) and the forward took 0.404 ms against 0.329 at 4x4096x16x128 (H100; experiment in git history at 0a80dc0)
         b_P = tl.where(m_A, tl.dot(b_q, b_kT) * scale, 0.)
         b_o = tl.dot(b_q, b_hb.to(b_q.dtype)) * scale
         b_o = tl.dot(b_P.to(b_vnb.dtype), b_vnb, b_o)
@@ -479,7 +479,7 @@ def delta_rule_bwd_dh_kernel(
     # D is held as up to four [RB, BV] row blocks (block j: rows j * RB ...; BK <= 4 RB, RB = min(BK, 64)),
     # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
     # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
-    # config) against 0.20 (H100, kernel alone, same process; benchmarks/RESULTS.md, session 8).
+    # config) against 0.20 (H100, kernel alone, same process; experiment in git history at 0a80dc0).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:

@@ -114,7 +114,7 @@ def kda_fwd_A_kernel(
     #     launch.factor_span of the dtype), else (strong gates) rebuilt below entry by entry, one key
     #     token n + j at a time, with exponents G_i - G_j <= 0 only.
     # Against one K pass per earlier sub-chunk plus two for the diagonal, each reloading the rows: the forward
-    # 0.745 -> 0.684 ms at 4x4096x16x128 (H100, bf16, benchmarks/RESULTS.md session 10).
+    # 0.745 -> 0.684 ms at 4x4096x16x128 (H100, bf16; experiment in git history at 0a80dc0).
     o_j = tl.arange(0, BT)
     m_j = o_j < i_n
     b_Aoff = tl.zeros([BC, BT], dtype=tl.float32)
@@ -495,7 +495,7 @@ def kda_fwd_h_kernel(
         # subtracts after the dot: folding it into the dot as W (-h) + U kept a negated copy of the state
         # alive, 64 more FADDs and 32 more conversions per thread per chunk at K = 256 and 238 vs 253
         # registers, and cost 0.345 vs 0.238 ms at 2x8192x8x256, 0.449 vs 0.266 at 1x16384x16x128 (H100,
-        # same launch configs, same process; benchmarks/RESULTS.md, session 8)
+        # same launch configs, same process; the experiment is in git history at 0a80dc0)
         b_hb = b_h.to(h.dtype.element_ty)
         tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
         b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
@@ -618,7 +618,7 @@ def kda_bwd_dh_kernel(
     # D is held as up to four [RB, BV] row blocks (block j: rows j * RB ...; BK <= 4 RB, RB = min(BK, 64)),
     # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
     # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
-    # config) against 0.20 (H100, kernel alone, same process; benchmarks/RESULTS.md, session 8).
+    # config) against 0.20 (H100, kernel alone, same process; experiment in git history at 0a80dc0).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
