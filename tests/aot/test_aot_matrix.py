@@ -30,7 +30,7 @@ def aot_reports(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "fla_gen.cli", "aot", "--all", "--head-dims", "128,64,256", "--json", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3000,
     )
     return proc, json.loads(out.read_text()) if out.exists() else []
 
