@@ -26,7 +26,7 @@ def test_spec_errors_exit_2_without_traceback(tmp_path):
 
 def test_missing_spec_file_is_a_clear_error(tmp_path):
     proc = fla_gen("build", str(tmp_path / "nope.fla"))
-    assert proc.returncode == 2 and "no such spec file" in proc.stderr
+    assert proc.returncode == 3 and "no such spec file" in proc.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["build"], ["plan"], ["run"], ["aot"]])
