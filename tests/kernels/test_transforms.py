@@ -262,7 +262,7 @@ def launches():
     q, k = (torch.randn(B, T, H, K, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     v = torch.randn(B, T, H, K, dtype=torch.bfloat16)
     g, dt_bias = torch.randn(B, T, H, requires_grad=True), torch.randn(H, requires_grad=True)
-    outs = RopeVariantTransforms.apply(torch.arange(B * T, dtype=torch.int32), (K // 2,), q, k, g, dt_bias)
+    outs = RopeVariantTransforms.apply(torch.arange(B * T, dtype=torch.int32), (K // 2,), (K, K), q, k, g, dt_bias)
     torch.autograd.grad(sum(o.float().sum() for o in outs), [q, k, g, dt_bias])
     with torch.no_grad(), forced_arch("sm90"):  # the decode path: transforms inline in the recurrent kernel
         fused_recurrent_rope_variant(q, k, v, g, dt_bias)
