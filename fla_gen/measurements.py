@@ -95,29 +95,35 @@ SOURCES: dict[str, Source] = {
                                "99 KB limit of sm86 / sm89: 1 stage", _MMA_SYNC_SMALL),
     # ------------------------------------------------------------------------------------ GPU measurements, H100
     "h100-gla-wide-v": Source(
-        "chunk_gla at 4x4096x16x128: one 128-wide V tile in fwd_o and bwd_dv (no V loop around the [BT, BT] product) "
+        "the per-channel gated chunk op at 4x4096x16x128: one 128-wide V tile in fwd_o and bwd_dv (no V loop "
+        "around the [BT, BT] product) "
         "against two 64-wide ones: forward 1.505 -> 1.327 ms, forward+backward 4.432 -> 4.136 ms (the rule wide-v "
         "since then; this entry pins bwd_dv at 2 stages, 4 warps)", _H100),
     "h100-fwd-a-stages": Source(
-        "gla's fwd_A at 1 stage against 3 (which hold 83 KB of shared memory, fla-gen aot, and so fewer programs per "
+        "the per-channel gated op's fwd_A at 1 stage against 3 (which hold 83 KB of shared memory, fla-gen "
+        "aot, and so fewer programs per "
         "SM), 4 warps, sweep_plans.py --stages fwd_A: 0.467 -> 0.326 ms at 4x4096x16x128, 0.380 -> 0.341 at "
         "2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64", _H100),
     "h100-gla-fwd-a-warps": Source(
-        "gla's fwd_A on 2 warps at 1 stage against 4 (its dots have 16 rows, too few to share among 4 warps): "
+        "the per-channel gated op's fwd_A on 2 warps at 1 stage against 4 (its dots have 16 rows, too few to "
+        "share among 4 warps): "
         "0.326 -> 0.261 ms at 4x4096x16x128 (forward 0.754 -> 0.690), 0.341 -> 0.246 at 2x8192x8x256 (forward "
         "0.954 -> 0.860); at head dim 64, 4 warps stay (0.216 against 0.224 ms at 8x2048x32x64)", _H100),
     "h100-walk-4-stages": Source(
         "the scalar- and channel-gate state walks at 4 stages (a fourth stage keeps one more chunk's loads in "
         "flight past a state held in registers; fla-core's autotune picks 4 for its own walk at head dim 256), "
-        "sweep_plans.py --extra-variants num_stages 4, kernel alone: simple_gla fwd_h 0.161 -> 0.149 ms and bwd_dh "
-        "0.164 -> 0.150, linear_attn bwd_dh 0.158 -> 0.146 at 2x8192x8x256 (4 warps); gla on 8 warps: fwd_h 0.168 "
+        "sweep_plans.py --extra-variants num_stages 4, kernel alone: the scalar-gated op fwd_h 0.161 -> 0.149 "
+        "ms and bwd_dh "
+        "0.164 -> 0.150, the ungated op bwd_dh 0.158 -> 0.146 at 2x8192x8x256 (4 warps); the per-channel gated "
+        "op on 8 warps: fwd_h 0.168 "
         "-> 0.160 at 4x4096x16x128 and 0.301 -> 0.281 at 2x8192x8x256, bwd_dh 0.170 -> 0.155 and 0.302 -> 0.257. "
         "Not the scalar-gate walks at head dim 128 (fwd_h 0.094 at 3 stages against 0.096, bwd_dh 0.098 against "
         "0.101)", _H100),
     "h100-delta-fwd-wu-warps": Source(
         "the delta family's fwd_wu on 2 warps against 4 (its dots and forward substitution work on 16x16 blocks, "
         "too small to share among 4 warps), sweep_plans.py --stages fwd_wu: kernel 0.315 -> 0.220 ms "
-        "(gated_delta_rule) and 0.300 -> 0.205 (delta_rule) at 4x4096x16x128; 0.559 -> 0.357 and 0.501 -> 0.323 at "
+        "(the gated delta rule) and 0.300 -> 0.205 (the delta rule) at 4x4096x16x128; 0.559 -> 0.357 and 0.501 "
+        "-> 0.323 at "
         "8x2048x32x64; 0.213 -> 0.167 and 0.202 -> 0.161 at 2x8192x8x256", _H100),
     "h100-delta-fwd-h-128": Source(
         "the delta family's fwd_h at head dim 128, [128, 64] state tile, 4 warps, 3 stages (fla-core's autotuned "
@@ -126,7 +132,7 @@ SOURCES: dict[str, Source] = {
         "BV to 16, 0.223 ms against 0.378 at 2 stages", _H100),
     "h100-delta-fwd-h-256": Source(
         "the delta family's fwd_h at head dim 256, [256, 32] state tile, 4 warps, 3 stages, at 2x8192x8x256: "
-        "0.641 -> 0.456 ms (delta_rule) and 0.830 -> 0.551 (gated) on 8 warps against the rule's [256, 16]; then "
+        "0.641 -> 0.456 ms (the delta rule) and 0.830 -> 0.551 (gated) on 8 warps against the rule's [256, 16]; then "
         "0.409 -> 0.353 and 0.526 -> 0.476 on 4 warps and 3 stages against 8 and 2; 4 stages do not fit (282 KB)",
         _H100),
     "h100-delta-bwd-dh-128": Source(
@@ -135,34 +141,40 @@ SOURCES: dict[str, Source] = {
         "(fla-core's kernel 0.199); at 1x16384x16x128 (run-time split to BV 16) 0.294 ms against 0.652", _H100),
     "h100-delta-bwd-dh-256": Source(
         "the delta family's bwd_dh at head dim 256, [256, 32] state tile, 4 warps, 2 stages, at 2x8192x8x256: "
-        "kernel 0.675 -> 0.494 ms (delta_rule) and 0.784 -> 0.569 (gated) against the rule's [256, 16] at 1 stage; "
+        "kernel 0.675 -> 0.494 ms (the delta rule) and 0.784 -> 0.569 (gated) against the rule's [256, 16] at 1 stage; "
         "forward+backward 3.024 -> 2.836 and 3.602 -> 3.381 ms", _H100),
     "h100-dplr-pair-kernels": Source(
-        "chunk_rwkv7 with RWKV-7 gates (every K block takes the factored dots), sweep_plans.py --stages "
+        "the DPLR chunk op with RWKV-7 gates with RWKV-7 gates (every K block takes the factored dots), "
+        "sweep_plans.py --stages "
         "fwd_intra,bwd_dqk: fwd_intra on 2 warps with 32-wide K blocks (it spills ~260 B on sm90, fla-gen aot): "
         "3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2, 1.105 at BK 32 / 2 (4x4096x16x128); 2.291 -> 1.222 "
         "(8x2048x32x64); 2.070 -> 1.083 (2x8192x8x256). bwd_dqk with 32-wide K blocks on 4 warps (spilling ~600 B): "
         "3.69 -> 2.19 ms (4x4096x16x128, 5.16 at 8 warps, 9.11 at 2), 3.768 -> 2.084 (8x2048x32x64), 3.686 -> "
         "2.178 (2x8192x8x256, BV 16)", _H100),
     "h100-dplr-bwd-da-256": Source(
-        "chunk_rwkv7 at 2x8192x8x256, sweep_plans.py --stages bwd_dA: bwd_dA on 4 warps with the [256, 16] state "
+        "the DPLR chunk op with RWKV-7 gates at 2x8192x8x256, sweep_plans.py --stages bwd_dA: bwd_dA on 4 "
+        "warps with the [256, 16] state "
         "tile, 2.893 -> 1.665 ms against 8; forward+backward 16.86 -> 15.79 ms", _H100),
     "h100-dplr-dqk-warps": Source(
-        "chunk_rwkv7 at 4x4096x16x128, plan overrides: bwd_dqk 8.63 ms at 8 warps, 5.50 at 4 (though it spills "
+        "the DPLR chunk op with RWKV-7 gates at 4x4096x16x128, plan overrides: bwd_dqk 8.63 ms at 8 warps, "
+        "5.50 at 4 (though it spills "
         "~240 B, fla-gen aot), 6.12 at 2", _H100),
     "h100-dplr-intra-warps": Source(
-        "chunk_rwkv7 at 4x4096x16x128 with the factored dots: fwd_intra 3.27 ms at 8 warps, 2.14 at 4", _H100),
+        "the DPLR chunk op with RWKV-7 gates at 4x4096x16x128 with the factored dots: fwd_intra 3.27 ms at 8 "
+        "warps, 2.14 at 4", _H100),
     "h100-dplr-bounded": Source(
-        "chunk_rwkv7 with gate_lower_bound -0.6065 at 4x4096x16x128, plan overrides (the bounded kernels are "
+        "the DPLR chunk op with RWKV-7 gates and gate_lower_bound -0.6065 at 4x4096x16x128, plan overrides "
+        "(the bounded kernels are "
         "latency-bound: fewer warps let more programs share an SM): bwd_dqk 3.62 ms at 8 warps, 1.89 at 4 (1.84 "
         "at 2, spilling ~300 B); fwd_intra 2.46 at 8, 1.17 at 4, 1.10 at 2; bwd_dA 1.25 at 8 warps x 32-wide V, "
         "0.93 at 4 x 16", _H100),
     "h100-fused-walk-scalar": Source(
         "the forward as one walk (fwd_fused) against fwd_h + fwd_o, through the public op, same inputs, outputs "
-        "bit-identical. Without a gate one program per SM is enough: linear_attn 0.244 -> 0.106 ms at "
+        "bit-identical. Without a gate one program per SM is enough: the ungated op 0.244 -> 0.106 ms at "
         "4x4096x16x128 [BV 64, 4 warps, 3 stages], 0.194 -> 0.103 at 8x2048x32x64, 0.353 -> 0.228 at 2x8192x8x256 "
         "[32, 4, 3], even at 1x16384x16x128 on 64 programs (0.294 against 0.304): share 0.5. With a gate each step "
-        "also rescales by the chunk's decays and the walk wants two programs per SM (share 1.9): simple_gla 0.261 "
+        "also rescales by the chunk's decays and the walk wants two programs per SM (share 1.9): the "
+        "scalar-gated op 0.261 "
         "-> 0.204 at 4x4096x16x128 (256 programs, [32, 4, 3]), 0.221 -> 0.139 at 8x2048x32x64 ([64, 4, 2]); slower "
         "at 128 programs (1x8192x32x128 0.290 -> 0.345) and at head dim 256 even on 1024 programs (8x2048x16x256 "
         "0.699 -> 1.033, [256, 32] spills 144 B): never there. One stage is never planned: [32, 4 warps, 1 stage] "
@@ -170,21 +182,23 @@ SOURCES: dict[str, Source] = {
         _H100),
     "h100-fused-walk-delta": Source(
         "the delta family's forward as one walk against fwd_h + fwd_o (P built before q @ h: no spill at [64, 4, "
-        "3]), outputs bit-identical: delta_rule 0.500 -> 0.329 ms at 4x4096x16x128 [64, 4, 3], 0.570 -> 0.447 at "
+        "3]), outputs bit-identical: the delta rule 0.500 -> 0.329 ms at 4x4096x16x128 [64, 4, 3], 0.570 -> 0.447 at "
         "8x2048x32x64, 0.573 -> 0.526 at 1x16384x16x128 ([32, 4, 3] on 64 programs, 0.48x the SMs: share 0.45), "
-        "0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; gated_delta_rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], "
+        "0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; the gated delta rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], "
         "256 programs), 0.619 -> 0.497 at 8x2048x32x64 [64, 4, 2], slower on fewer programs (1x16384x16x128 0.645 "
         "-> 0.808, 2x8192x8x256 0.661 -> 0.716): share 1.9 as the scalar gate's walk, never at head dim 256", _H100),
     "h100-fused-walk-gla": Source(
-        "gla's forward as one walk (every V-block program rebuilds q exp(G) and k exp(G_L - G)): faster only at "
+        "the per-channel gated op's forward as one walk (every V-block program rebuilds q exp(G) and k exp(G_L "
+        "- G)): faster only at "
         "head dim 64 (8x2048x32x64: 0.575 -> 0.465 ms at [64, 4, 2]); at 128 even at best (4x4096x16x128 [64, 8, "
         "2]: 0.687 -> 0.676 ms; 0.95-0.99 ms at 32-wide V), slower at 256: never there", _H100),
     "h100-split-walk": Source(
-        "the state walk split at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms (simple_gla), 0.503 "
-        "-> 0.371 (gla)", _H100),
+        "the state walk split at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms (the scalar-gated "
+        "op), 0.503 "
+        "-> 0.371 (the per-channel gated op)", _H100),
     "h100-split-whole-k": Source(
-        "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (delta_rule), "
-        "0.690 -> 0.634 (gated_delta_rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),
+        "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
+        "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),
 }
 
 
