@@ -1,11 +1,13 @@
-"""Switch Triton's interpreter on for the folders whose tests run generated kernels (tests/kernels,
-tests/integration: their conftest.py calls ``switch_on``).
+"""Switch Triton's interpreter on for the whole suite (tests/conftest.py calls ``switch_on``).
 
-``@triton.jit`` decides between a compiled and an interpreted kernel when it decorates the function, i.e. when
-a generated module is imported, so TRITON_INTERPRET must be set before that. pytest imports a folder's
-conftest.py when it starts collecting that folder; a whole-suite run collects tests/aot, tests/compiler and
-tests/golden first, which import no kernel module. If one did, ``switch_on`` would find its kernels decorated
-for the GPU and stop the run with a clear error rather than fail later on a CPU tensor.
+``@triton.jit`` decides between a compiled and an interpreted kernel when it decorates the function: when a
+generated module is imported, and also when ``triton.language`` itself is imported (its library functions such
+as ``tl.sum`` are ``@triton.jit`` functions). An interpreted kernel that calls a ``tl.sum`` decorated for the GPU
+fails with "Cannot call @triton.jit'd outside of the scope of a kernel". So TRITON_INTERPRET must be set before
+anything imports Triton, which is why the root conftest.py sets it, before pytest collects any test module
+(tests/aot imports ``fla_gen.aot``, which imports Triton). Tests that compile for real GPU targets run the
+compiler in a subprocess whose environment drops TRITON_INTERPRET. If Triton was imported before ``switch_on``
+ran, it stops the run with a clear error rather than fail later inside a kernel.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kernels_decorated_for_the_gpu() -> list[str]:
-    """Modules of this repository already imported with compiled (not interpreted) Triton kernels."""
+    """Modules already imported with compiled (not interpreted) Triton kernels: Triton's own library and this
+    repository's modules."""
     jit = sys.modules.get("triton.runtime.jit")
     if jit is None:
         return []
     return sorted(name for name, mod in list(sys.modules.items())
-                  if str(getattr(mod, "__file__", None) or "").startswith(str(REPO_ROOT))
+                  if (name == "triton.language.standard"
+                      or str(getattr(mod, "__file__", None) or "").startswith(str(REPO_ROOT)))
                   and any(isinstance(v, jit.JITFunction) for v in vars(mod).values()))
 
 
@@ -42,5 +46,5 @@ def switch_on() -> None:
         return
     if stale := _kernels_decorated_for_the_gpu():
         raise pytest.UsageError(f"{', '.join(stale)} imported Triton kernels before TRITON_INTERPRET was set: "
-                                "import generated kernels only from tests/kernels or tests/integration")
+                                "set TRITON_INTERPRET=1 before the first import of Triton")
     os.environ["TRITON_INTERPRET"] = "1"
