@@ -12,8 +12,10 @@ gradients at B=1, T=512 and packed (4 sequences of 64 to 256): the reference's a
 float64 state per token.
 Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla alternating over
 ``--rounds`` rounds after both were warmed (compile, fla's autotune); the ratio reported is the worst round's
-fla / ours. The decode step (fused_recurrent, T=1, B=64, l2norm in the call) is reported against the bytes it
-must move (the fp32 state read and written, the inputs and output) and the copy bandwidth measured here.
+fla / ours. The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the
+reference and reported against the bytes it must move (the fp32 state read and written, the inputs and
+output) and the copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host
+is the bottleneck of both libraries) and replayed from a CUDA graph (the GPU's work alone).
 Inputs: q, k, v randn; g logsigmoid(randn) / 16 (per value head, or per head and key channel for KDA), fp32;
 beta sigmoid(randn); the initial state 0.1 randn.
 """
@@ -140,12 +142,29 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
     return result
 
 
+def captured(step):
+    """``step`` captured in a CUDA graph, as serving engines run their decode steps: the replay times the GPU
+    work alone, without the host's Python and launch overhead (which an eager call at B=64 is bound by)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int) -> dict:
     from triton.testing import do_bench
 
-    _, ours, _, _, fla_fn = ours_and_fla(kind)
+    _, ours, reference, _, fla_fn = ours_and_fla(kind)
     x = make(kind, B, 1, H, HV, D, seed=1)
     h = 0.1 * torch.randn(B, HV, D, D, device="cuda")
+    o_ref, h_ref = reference(**{n: t.double() for n, t in x.items()}, initial_state=h.double(),
+                             output_final_state=True, use_qk_l2norm_in_kernel=True)
     big = torch.empty(2**28, dtype=torch.float32, device="cuda")
     copy_ms = float(do_bench(lambda: big.clone(), warmup=25, rep=100, return_mode="median"))
     bandwidth = 2 * big.numel() * 4 / (copy_ms * 1e-3)
@@ -156,10 +175,17 @@ def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int) -> dict:
             with torch.no_grad():
                 fn(**x, initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True)
         try:
+            with torch.no_grad():
+                o, h_new = fn(**x, initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            out[f"{name}_error_o"], out[f"{name}_error_final_state"] = rel(o, o_ref), rel(h_new, h_ref)
             step()
             ts = [float(do_bench(step, warmup=25, rep=100, return_mode="median")) for _ in range(rounds)]
             out[f"{name}_ms"] = max(ts)
             out[f"{name}_of_copy_bandwidth"] = out["floor_ms"] / max(ts)
+            replay = captured(step)
+            ts = [float(do_bench(replay, warmup=25, rep=100, return_mode="median")) for _ in range(rounds)]
+            out[f"{name}_graph_ms"] = max(ts)
+            out[f"{name}_graph_of_copy_bandwidth"] = out["floor_ms"] / max(ts)
         except Exception as e:
             out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     return out
@@ -172,6 +198,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default="gdn,kda", help="comma-separated: gdn (Qwen3-Next), kda (Kimi Linear)")
     p.add_argument("--speed-only", action="store_true", help="skip the correctness checks")
+    p.add_argument("--decode-only", action="store_true", help="only the decode step (its check and its time)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -192,7 +219,7 @@ def main() -> int:
     models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128)}  # (kind, H, HV, D): Qwen3-Next, Kimi
     for key in a.only.split(","):
         kind, H, HV, D = models[key]
-        checks = () if a.speed_only else (
+        checks = () if a.speed_only or a.decode_only else (
             (f"forward_dense_T{a.T}", 1, a.T, None, 1, False),
             (f"forward_varlen_{len(lengths)}", 1, int(cu[-1]), cu, len(lengths), False),
             ("gradients_dense_T512", 1, 512, None, 1, True),
@@ -201,7 +228,7 @@ def main() -> int:
             report[f"{key}_{name}"] = correctness(kind, make(kind, B, T, H, HV, D, seed=seed), offsets, N, gradients)
         torch.cuda.empty_cache()
         print(json.dumps({k: v for k, v in report.items() if k.startswith(key)}), flush=True)
-        for B, T in ((1, a.T), (4, a.T)):
+        for B, T in () if a.decode_only else ((1, a.T), (4, a.T)):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(kind, make(kind, B, T, H, HV, D, seed=3), a.rounds,
                                                                 a.quick)
             print(json.dumps(report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"]), flush=True)

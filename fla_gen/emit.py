@@ -17,7 +17,7 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
-from fla_gen.ir import Apply, Heads, Node, Ref
+from fla_gen.ir import Apply, Heads, InputInfo, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
 from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
@@ -192,7 +192,8 @@ def _common_context(lowered: Lowered) -> dict:
         })
     guarded_args = [{
         "name": i.name, "guard": i.guard, "optional": i.optional,
-        "doc": (f"[H] per-head parameter of the transform of "
+        "layout": "G" if i.heads is Heads.HV else "H",
+        "doc": (f"[{'HV' if i.heads is Heads.HV else 'H'}] per-head parameter of the transform of "
                 f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
                 f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),
     } for i in spec.guarded_inputs]
@@ -229,11 +230,8 @@ _KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
 def kernel_groups_heads(lowered: Lowered, algo: Algorithm) -> bool:
     """Whether the kernels of ``algo`` read the query/key head of each value head themselves: a grouped spec
     whose template is in GROUPING_TEMPLATES, whose key-side arguments (q, k, a, b) read only H-head inputs
-    and whose other arguments read only HV-head inputs. Otherwise a grouped op repeats its H-head inputs on
-    the host.
-
-    The pass (templates/package/transforms.py.jinja) walks one set of [B·T·H] rows for all its sources, so
-    a pass that reads inputs on both H and HV keeps the host-side repeat too."""
+    and whose other arguments read only HV-head inputs. Such kernels also run with H = HV (each group one
+    head), which is how they take inputs the host repeated (:func:`host_repeats_heads`)."""
     spec = lowered.rec.spec
     if not spec.grouped or algo.template not in GROUPING_TEMPLATES:
         return False
@@ -241,8 +239,21 @@ def kernel_groups_heads(lowered: Lowered, algo: Algorithm) -> bool:
         heads = {spec.input(n).heads for n in inputs_read(s.expr)}
         if heads - {Heads.H if s.arg in _KEY_SIDE_ARGS else Heads.HV}:
             return False
+    return True
+
+
+def host_repeats_heads(lowered: Lowered, algo: Algorithm) -> bool:
+    """Whether a grouped op's autograd path repeats its H-head inputs to HV heads on the host: its kernels
+    do not group heads, or its pass (templates/package/transforms.py.jinja), which walks one set of
+    [B·T·heads] rows for all its sources, reads inputs on both H and HV. The decode path without autograd
+    applies the transforms inside a grouping kernel and needs no repeat (:func:`_transform_block`)."""
+    spec = lowered.rec.spec
+    if not spec.grouped:
+        return False
+    if not kernel_groups_heads(lowered, algo):
+        return True
     sources = set(spec.transformed) | {n for s in pass_outputs(lowered) for n in inputs_read(s.expr)}
-    return len({spec.input(n).heads for n in sources if spec.input(n).per_token}) <= 1
+    return len({spec.input(n).heads for n in sources if spec.input(n).per_token}) > 1
 
 
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
@@ -320,12 +331,11 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     launch_args, launch_values, launch_optional = _kernel_bindings(lowered)
     transforms = plan_transforms(lowered)
     derived_block = _derived_block(lowered)
+    groups_heads = kernel_groups_heads(lowered, algo)
     inline = None
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
-        inline = inline_transforms(transforms, lowered)
-    transform_block, transform_imports = _transform_block(lowered, transforms, inline, launch_values)
-    # Transforms inlined into the decode kernel index its rows by value head: that kernel runs ungrouped.
-    groups_heads = kernel_groups_heads(lowered, algo) and inline is None
+        inline = inline_transforms(transforms, lowered, groups_heads)
+    inline_block, transform_block, transform_imports = _transform_block(lowered, transforms, inline)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -363,14 +373,15 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
                                        + (["g_gamma"] if features.head_decay else [])),
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
+        "inline_block": inline_block,
         "transform_block": transform_block,
         "transform_imports": transform_imports,
         "derived_block": derived_block,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
-        "kernel_groups_heads": groups_heads,
+        "host_repeats_heads": host_repeats_heads(lowered, algo),
     })
     # host scalars with exp or log (param defaults, the output's scale) call math.*
-    ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], transform_block,
+    ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], inline_block, transform_block,
                                                           *(p["default_code"] for p in ctx["params"])))
     return _environment(str(TEMPLATES_DIR)).get_template("package/op_module.py.jinja").render(ctx)
 
@@ -442,55 +453,76 @@ def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> st
     return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)
 
 
-def _transform_block(lowered: Lowered, t: TransformKernel | None, inline: InlineTransforms | None,
-                     launch_values: list[str]) -> tuple[str, str]:
-    """The public op's lines that apply the transforms (indented 4) and what they import from
-    ``.transforms``; empty without transforms. With ``inline`` (a kernel that applies them on load),
-    a call without autograd launches that forward directly on the raw inputs."""
+def _transform_block(lowered: Lowered, t: TransformKernel | None,
+                     inline: InlineTransforms | None) -> tuple[str, str, str]:
+    """The public op's lines that apply the transforms (indented 4): the decode path's direct launch, the
+    pass, and what they import from ``.transforms``; empty without transforms. With ``inline`` (a kernel
+    that applies them on load), a call without autograd launches that forward directly on the raw inputs,
+    ahead of any host-side repeat of grouped heads (the kernel reads the key-side heads itself)."""
     if t is None:
-        return "", ""
+        return "", "", ""
+    spec = lowered.rec.spec
     outputs = ", ".join(f"_{n}" for n, _ in t.outputs)
     args = ", ".join([n for n, _ in t.sources] + list(t.heads))
     offsets = "seqlen_offsets" if t.ropes else "0"
     rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
     outputs += "," if len(t.outputs) == 1 else ""
-    lines = []
     imports = [f"{t.op}_transforms"]
+    inline_lines = []
     if inline is not None:
         key = lowered.slot("q").input
-        tensors = ", ".join([i.name for i in lowered.rec.spec.inputs] + ["initial_state"])
-        heads = "".join(f"{h}.contiguous(), " for h in t.heads)
-        lines += [
+        tensors = ", ".join([i.name for i in (*spec.inputs, *spec.guarded_inputs)] + ["initial_state"])
+        guarded = {i.name for i in spec.guarded_inputs}
+        # a guarded per-head input is None where its flag is off: the kernel never reads it then
+        heads = "".join((f"None if {h} is None else {h}.contiguous(), " if h in guarded else f"{h}.contiguous(), ")
+                        for h in t.heads)
+        flags = ""
+        if inline.flags:
+            flags = ", transform_flags=(" + ", ".join(f"bool({f})" for f in inline.flags) + \
+                ("," if len(inline.flags) == 1 else "") + ")"
+        for i in spec.guarded_inputs:
+            if i.optional:  # read by the kernel where its flag is on: zeros stand in for None
+                inline_lines += [f"if {i.guard} and {i.name} is None:",
+                                 f"    {i.name} = torch.zeros({_heads_count(i)}, dtype=torch.float32, "
+                                 f"device={key}.device)"]
+        inline_lines += [
             f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
             f"    positions, rope_dims = {t.op}_transform_args(call, {offsets}, cu_seqlens, {key}.device)",
             f"    plan = select_plan(RECURRENT_PLANS, {key}.device, call.dtype, max(call.K, call.V))",
             f"    o, final_state, _ = fused_recurrent_fwd({', '.join(_raw_values(lowered))}, {_kernel_scale(lowered)},",
             "                                            initial_state, output_final_state, cu_seqlens, plan,",
-            f"                                            transform_args=({heads}positions, *rope_dims))",
+            f"                                            transform_args=({heads}positions, *rope_dims){flags})",
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
+    indent = "\n".join
     if not t.flags:
-        lines.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)")
-        return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
+        lines = [f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"]
+        return (indent("    " + ln for ln in inline_lines), indent("    " + ln for ln in lines),
+                ", ".join(sorted(imports)))
     flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
-    spec = lowered.rec.spec
     body = []
     for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
         body += [f"if {i.name} is None:",
-                 f"    {i.name} = torch.zeros(call.H, dtype=torch.float32, device={t.sources[0][0]}.device)"]
+                 f"    {i.name} = torch.zeros({_heads_count(i)}, dtype=torch.float32, device={t.sources[0][0]}.device)"]
     body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))")
     derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
     if all(tr.guard for tr in spec.transforms) and not derived:
         # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
         slots = {s.arg: s for s in lowered.slots}
         as_given = ", ".join(f"{slots[name].input}.contiguous()" for name, _ in t.outputs)
-        lines += [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
+        lines = [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
             "else:", f"    {outputs} = {as_given}{',' if len(t.outputs) == 1 else ''}"]
     else:
-        lines += body
-    return "\n".join("    " + ln for ln in lines), ", ".join(sorted(imports))
+        lines = body
+    return (indent("    " + ln for ln in inline_lines), indent("    " + ln for ln in lines),
+            ", ".join(sorted(imports)))
+
+
+def _heads_count(i: InputInfo) -> str:
+    """The public function's expression for the head count of per-head input ``i`` (H or HV)."""
+    return "call.HV" if i.heads is Heads.HV else "call.H"
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:

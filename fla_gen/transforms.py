@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
 from fla_gen.host_code import render_scalar
-from fla_gen.ir import Apply, Lit, Node, Ref, TransformInfo
+from fla_gen.ir import Apply, Heads, Lit, Node, Ref, TransformInfo
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read
 from fla_gen.reference import L2NORM_EPS
 
@@ -124,10 +124,13 @@ _UNARY_VJP = {
 
 
 class _Lowering:
-    def __init__(self, rec: Recurrence, layout: Layout) -> None:
+    def __init__(self, rec: Recurrence, layout: Layout, key_rows: bool = False) -> None:
         spec = rec.spec
         self.rec = rec
         self.layout = layout
+        # inside a grouped recurrent kernel (key_rows): inputs on the query/key heads H load their row
+        # ``row_k`` and their per-head values at ``i_hk``; inputs on HV load ``row`` and ``i_h``
+        self.key_rows = key_rows
         self.letter = {spec.key_dim: "K", spec.value_dim: "V"}
         self.n = 0
         self.lines: list[str] = []
@@ -179,6 +182,10 @@ class _Lowering:
                           {"flag": tr.guard, "first": first_entry, "sels": sels, "results": results, "prevs": prevs}))
         self.current.update(sels)
 
+    def on_key_heads(self, name: str) -> bool:
+        """Whether input ``name`` is read at the key-side head of a grouped kernel (see ``key_rows``)."""
+        return self.key_rows and self.rec.spec.input(name).heads is Heads.H
+
     def record(self, fn: str, args: tuple[str, ...], code: str, shape: str, **extra) -> str:
         v = self.new(code, shape)
         self.tape.append((v, fn, args, extra))
@@ -194,7 +201,8 @@ class _Lowering:
                 raise ValueError(f"'{n.name}' is read by transforms under different guards (in {self.rec.spec.op}); "
                                  f"the fused transform kernels load a per-head input under one guard only")
             if n.name not in self.heads:
-                self.heads[n.name] = self.new(f"tl.load(p_{n.name} + i_h).to(tl.float32)", "")
+                head = "i_hk" if self.on_key_heads(n.name) else "i_h"
+                self.heads[n.name] = self.new(f"tl.load(p_{n.name} + {head}).to(tl.float32)", "")
             return self.heads[n.name]
         assert isinstance(n, Apply)
         args = tuple(self.lower(a) for a in n.args)
@@ -397,7 +405,8 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
     # process; the A/B is in git history at 0a80dc0).
     tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True)
-    row = _lower_transforms(lowered, ROW, norms_first=False)
+    # ROW runs inside the recurrent kernel, which reads the key-side heads itself when the spec is grouped
+    row = _lower_transforms(lowered, ROW, norms_first=False, key_rows=lowered.rec.spec.grouped)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
     # The backward kernel's recomputed forward keeps tl.gather (there, norm-first, the rope mostly applies to a
     # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
@@ -407,13 +416,13 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
 
 
 def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
-                      gradient_partners: bool = False) -> TransformKernel:
+                      gradient_partners: bool = False, key_rows: bool = False) -> TransformKernel:
     """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
     the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
-    else with tl.gather."""
+    else with tl.gather. ``key_rows``: the statements run in a grouped recurrent kernel (_Lowering)."""
     rec = lowered.rec
     spec = rec.spec
-    low = _Lowering(rec, layout)
+    low = _Lowering(rec, layout, key_rows)
     outputs = pass_outputs(lowered)
     needed = set(spec.transformed)
     for slot in outputs:
@@ -426,10 +435,11 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         name = info.name
         shape = low.letter[info.vec_dim] if info.vec_dim else ""
         sources.append((name, shape))
+        row = "row_k" if low.on_key_heads(name) else "row"
         if shape:
-            code = f"tl.load(x_{name} + row * {shape} + o_{shape}, mask=m_{shape}, other=0.0).to(tl.float32)"
+            code = f"tl.load(x_{name} + {row} * {shape} + o_{shape}, mask=m_{shape}, other=0.0).to(tl.float32)"
         else:
-            code = f"tl.load(x_{name} + row).to(tl.float32)"
+            code = f"tl.load(x_{name} + {row}).to(tl.float32)"
         raw[name] = low.new(code, shape)
         low.current[name] = raw[name]
         if shape and input_partners:
@@ -495,21 +505,25 @@ class InlineTransforms:
     """The transforms rendered inside a recurrent kernel's token loop, where the kernel loads its inputs.
 
     ``params``: extra kernel parameters (per-head pointers, positions, rotary dims); ``body``: statements
-    at the top of the loop (after ``row``, the token's [B * T, H] row, is set); ``values``: kernel input
-    (``q``, ``k``, ``g``, ``beta``) → the fp32 register value that replaces its load.
+    at the top of the loop (after ``row``, the token's [B * T, HV] row, and in a grouped kernel ``row_k``,
+    its [B * T, H] row, are set); ``values``: kernel input (``q``, ``k``, ``g``, ``beta``) → the fp32
+    register value that replaces its load; ``flags``: the switches of guarded transform lines, constexpr
+    kernel parameters ``flag_<name>``.
     """
 
     params: tuple[str, ...]
     body: str
     values: dict
+    flags: tuple[str, ...] = ()
 
 
-def inline_transforms(t: TransformKernel | None, lowered: Lowered) -> InlineTransforms | None:
+def inline_transforms(t: TransformKernel | None, lowered: Lowered, grouped_kernel: bool) -> InlineTransforms | None:
     """The inline form of the pass for a kernel that loads whole K rows per token (the fused recurrent
     forward kernels), or None when it cannot be inlined: a V vector among its outputs (those kernels tile
-    V), or an output that is not a transformed input passed in its slot's place (a derived slot reads
-    inputs the kernel does not take)."""
-    if t is None or any(d == "V" for _, d in t.outputs) or t.flags:
+    V), an output that is not a transformed input passed in its slot's place (a derived slot reads
+    inputs the kernel does not take), or a grouped spec whose kernel does not read the key-side heads
+    itself (``grouped_kernel``; the inline loads index key-side inputs by the group's row)."""
+    if t is None or any(d == "V" for _, d in t.outputs) or lowered.rec.spec.grouped != grouped_kernel:
         return None
     slots = {s.arg: s for s in lowered.slots}
     reads = {}
@@ -522,7 +536,7 @@ def inline_transforms(t: TransformKernel | None, lowered: Lowered) -> InlineTran
         return None
     params = tuple([f"p_{h}" for h in t.heads] + ["pos"] + [f"rope{r.index}_dim" for r in t.ropes])
     body = ["o_K = o_k", "m_K = m_k"] + [f"x_{src} = {reads[src]}" for src, _ in t.sources]
-    if t.ropes:
-        body.append("b_pos = tl.load(pos + row // H).to(tl.float32)")
+    if t.ropes:  # one position per token: row counts the value heads
+        body.append(f"b_pos = tl.load(pos + row // {'HV' if grouped_kernel else 'H'}).to(tl.float32)")
     body += list(t.row_fwd)
-    return InlineTransforms(params, "\n".join(body), {name: t.outs[name] for name, _ in t.outputs})
+    return InlineTransforms(params, "\n".join(body), {name: t.outs[name] for name, _ in t.outputs}, t.flags)

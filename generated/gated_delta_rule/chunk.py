@@ -1323,8 +1323,8 @@ _ARGS = (
     TensorArg("v", "BTGV", optional=False, gate=False),
     TensorArg("g", "BTG", optional=False, gate=True),
     TensorArg("beta", "BTG", optional=False, gate=False),
-    TensorArg("A_log", "H", optional=True, gate=True),
-    TensorArg("dt_bias", "H", optional=True, gate=True),
+    TensorArg("A_log", "G", optional=True, gate=True),
+    TensorArg("dt_bias", "G", optional=True, gate=True),
 )
 
 
@@ -1380,8 +1380,8 @@ def chunk_gated_delta_rule(
         use_beta_sigmoid_in_kernel: a switch (default False); True applies beta = sigmoid(beta) before the recurrence.
         use_gate_in_kernel: a switch (default False); True applies g = -exp(A_log) * softplus(g + dt_bias) before the recurrence.
         allow_neg_eigval: a switch (default False); True applies beta = 2 * beta before the recurrence.
-        A_log: [H] per-head parameter of the transform of g; only with use_gate_in_kernel=True, then required.
-        dt_bias: [H] per-head parameter of the transform of g; only with use_gate_in_kernel=True, optional (None means zeros).
+        A_log: [HV] per-head parameter of the transform of g; only with use_gate_in_kernel=True, then required.
+        dt_bias: [HV] per-head parameter of the transform of g; only with use_gate_in_kernel=True, optional (None means zeros).
         state_v_first: accepted for fla's signature with the value False only; another value is a ValueError.
         transpose_state_layout: accepted for fla's signature with the value False only; another value is a ValueError.
         head_first: accepted for fla's signature with the value False only; another value is a ValueError.
@@ -1413,13 +1413,6 @@ def chunk_gated_delta_rule(
     )
     if scale is None:
         scale = call.K ** -0.5
-    if call.HV != call.H:
-        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
-        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
-        groups = call.HV // call.H
-        q = q.repeat_interleave(groups, dim=2)
-        k = k.repeat_interleave(groups, dim=2)
-        call = call._replace(H=call.HV)
     validate_flags("chunk_gated_delta_rule", (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel), ("use_gate_in_kernel", use_gate_in_kernel), ("allow_neg_eigval", allow_neg_eigval), ), requires=(("allow_neg_eigval", "use_beta_sigmoid_in_kernel"), ))
     validate_guarded_inputs("chunk_gated_delta_rule", (
         ("A_log", A_log, "use_gate_in_kernel", use_gate_in_kernel, False),
@@ -1435,11 +1428,18 @@ def chunk_gated_delta_rule(
         ("gk", gk, None),
         ("gv", gv, None),
     ))
+    if call.HV != call.H:
+        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
+        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
+        groups = call.HV // call.H
+        q = q.repeat_interleave(groups, dim=2)
+        k = k.repeat_interleave(groups, dim=2)
+        call = call._replace(H=call.HV)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
         if A_log is None:
-            A_log = torch.zeros(call.H, dtype=torch.float32, device=q.device)
+            A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
-            dt_bias = torch.zeros(call.H, dtype=torch.float32, device=q.device)
+            dt_bias = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         _q, _k, _g, _beta = gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval))
     else:
         _q, _k, _g, _beta = q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous()

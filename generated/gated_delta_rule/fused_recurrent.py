@@ -23,7 +23,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_guarded_inputs, validate_options
 
 from .plans import RECURRENT_PLANS
-from .transforms import gated_delta_rule_transforms
+from .transforms import _rope_coefs, gated_delta_rule_transform_args, gated_delta_rule_transforms
 
 # Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
@@ -35,6 +35,9 @@ def gated_delta_rule_recurrent_fwd_kernel(
     v,
     g,
     beta,
+    p_A_log,
+    p_dt_bias,
+    pos,
     o,
     h0,
     ht,
@@ -42,6 +45,7 @@ def gated_delta_rule_recurrent_fwd_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
@@ -50,11 +54,18 @@ def gated_delta_rule_recurrent_fwd_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    TRANSFORM: tl.constexpr,
+    flag_use_qk_l2norm_in_kernel: tl.constexpr,
+    flag_use_beta_sigmoid_in_kernel: tl.constexpr,
+    flag_use_gate_in_kernel: tl.constexpr,
+    flag_allow_neg_eigval: tl.constexpr,
 ):
     # One program = one (sequence, head) x one V block; the [BK, BV] fp32 state tile stays in
     # registers for the whole sequence.
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
+    i_n, i_h = i_nh // HV, i_nh % HV
+    # the key-side head of this value head: value heads i_hk * HV // H ... are one group
+    i_hk = i_h // (HV // H)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
@@ -76,13 +87,67 @@ def gated_delta_rule_recurrent_fwd_kernel(
 
     for t in range(0, seq_len):
         # row of token t in the [B * T, H] flattening of the inputs
-        row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
-        b_beta = tl.load(beta + row).to(tl.float32)
-        if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+        row = (bos + t) * HV + i_h
+        row_k = (bos + t) * H + i_hk
+        if TRANSFORM:
+            o_K = o_k
+            m_K = m_k
+            x_q = q
+            x_k = k
+            x_g = g
+            x_beta = beta
+            t0 = tl.load(x_q + row_k * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t1 = tl.load(x_k + row_k * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t2 = tl.load(x_g + row).to(tl.float32)
+            t3 = tl.load(x_beta + row).to(tl.float32)
+            if flag_use_qk_l2norm_in_kernel:
+                t4 = tl.where(m_K, t0, 0.0)
+                t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=0) + 1e-06)
+                t6 = t4 * t5
+                t7 = t6
+            else:
+                t7 = t0
+            if flag_use_qk_l2norm_in_kernel:
+                t8 = tl.where(m_K, t1, 0.0)
+                t9 = 1.0 / tl.sqrt(tl.sum(t8 * t8, axis=0) + 1e-06)
+                t10 = t8 * t9
+                t11 = t10
+            else:
+                t11 = t1
+            if flag_use_beta_sigmoid_in_kernel:
+                t12 = tl.sigmoid(t3)
+                t13 = t12
+            else:
+                t13 = t3
+            if flag_allow_neg_eigval:
+                t14 = 2.0 * t13
+                t15 = t14
+            else:
+                t15 = t13
+            if flag_use_gate_in_kernel:
+                t16 = tl.load(p_A_log + i_h).to(tl.float32)
+                t17 = tl.exp(t16)
+                t18 = -t17
+                t19 = tl.load(p_dt_bias + i_h).to(tl.float32)
+                t20 = t2 + t19
+                t21 = tl.where(t20 > 20.0, t20, tl.log(1.0 + tl.exp(tl.minimum(t20, 20.0))))
+                t22 = t18 * t21
+                t23 = t22
+            else:
+                t23 = t2
+            b_q = t7 * scale
+            b_k = t11
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_beta = t15
+            if USE_G:
+                b_h *= tl.exp(t23)
+        else:
+            b_q = tl.load(q + row_k * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+            b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_beta = tl.load(beta + row).to(tl.float32)
+            if USE_G:
+                b_h *= tl.exp(tl.load(g + row).to(tl.float32))
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -119,6 +184,7 @@ def gated_delta_rule_recurrent_bwd_kernel(
     B,
     T,
     H: tl.constexpr,
+    HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
@@ -139,12 +205,14 @@ def gated_delta_rule_recurrent_bwd_kernel(
     # k_t^T) dS_t and (I - beta_t k_t k_t^T) S'_t = S_t - beta_t k_t v_t^T, so <S'_t, dS'_t> =
     # <S_t, dS_t> - beta_t k_t^T dS_t v_t and <S_t, dS_t> = q_t . dq_t + <S'_{t+1}, dS'_{t+1}>.
     # dq, dk, dbeta, dg sum over V: each V block writes its own slice [i_v] of a
-    # [NV, B, T, H, ...] buffer (the launcher sums them); dv is written directly. Scratch: r_buf / dr_buf
-    # [B, T, H, V] fp32 (this block's columns), dk_buf [NV, B, T, H, K] fp32, qdq_buf [NV, B, T, H] fp32.
+    # [NV, B, T, HV, ...] buffer (the launcher sums them); dv is written directly. Scratch: r_buf / dr_buf
+    # [B, T, HV, V] fp32 (this block's columns), dk_buf [NV, B, T, HV, K] fp32, qdq_buf [NV, B, T, HV] fp32.
     # A walk never rewrites what it reads: a value held by several threads may still be read by one of
     # them after another has moved on.
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
+    i_n, i_h = i_nh // HV, i_nh % HV
+    # the key-side head of this value head: value heads i_hk * HV // H ... are one group
+    i_hk = i_h // (HV // H)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
@@ -159,8 +227,8 @@ def gated_delta_rule_recurrent_bwd_kernel(
     m_h = m_k[:, None] & m_v[None, :]
     # this block inside the row-major [K, V] state of (sequence, head)
     o_h = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-    # this V block's slice of the [NV, B, T, H, ...] partial buffers
-    i_vo = i_v.to(tl.int64) * B * T * H
+    # this V block's slice of the [NV, B, T, HV, ...] partial buffers
+    i_vo = i_v.to(tl.int64) * B * T * HV
     dq += i_vo * K
     dk += i_vo * K
     dbeta += i_vo
@@ -175,8 +243,9 @@ def gated_delta_rule_recurrent_bwd_kernel(
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + o_h, mask=m_h, other=0)
     for t in range(0, seq_len):
-        row = (bos + t) * H + i_h
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        row = (bos + t) * HV + i_h
+        row_k = (bos + t) * H + i_hk
+        b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(beta + row).to(tl.float32)
@@ -188,7 +257,7 @@ def gated_delta_rule_recurrent_bwd_kernel(
         b_dq = tl.sum(b_h * b_do[None, :], axis=1) * scale
         tl.store(dq + row * K + o_k, b_dq.to(dq.dtype.element_ty), mask=m_k)
         if USE_G:
-            b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_q = tl.load(q + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
             tl.store(qdq_buf + row, tl.sum(b_q * b_dq, axis=0))
 
     # ---- 2. reverse walk: dS_t, dv_t = dr_t, dbeta_t, the dS_t u_t part of dk_t, da_t ----
@@ -201,9 +270,10 @@ def gated_delta_rule_recurrent_bwd_kernel(
     tl.debug_barrier()
     for i in range(0, seq_len):
         t = seq_len - 1 - i
-        row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        row = (bos + t) * HV + i_h
+        row_k = (bos + t) * H + i_hk
+        b_q = tl.load(q + row_k * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0)
         b_beta = tl.load(beta + row).to(tl.float32)
@@ -233,8 +303,9 @@ def gated_delta_rule_recurrent_bwd_kernel(
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + o_h, mask=m_h, other=0)
     for t in range(0, seq_len):
-        row = (bos + t) * H + i_h
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        row = (bos + t) * HV + i_h
+        row_k = (bos + t) * H + i_hk
+        b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_r = tl.load(r_buf + row * V + o_v, mask=m_v, other=0)
         b_dr = tl.load(dr_buf + row * V + o_v, mask=m_v, other=0)
         b_beta = tl.load(beta + row).to(tl.float32)
@@ -257,6 +328,8 @@ def fused_recurrent_fwd(
     output_final_state,
     cu_seqlens,
     plan,
+    transform_args=(),
+    transform_flags=(False, False, False, False),
 ):
     """Token-by-token forward (decode path): S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T with S'_t = exp(a_t) S_{t-1}, o_t = scale * S_t^T q_t.
 
@@ -264,22 +337,26 @@ def fused_recurrent_fwd(
 
     Args:
         q, k: [B, T, H, K], contiguous, one floating dtype.
-        v: [B, T, H, V], same dtype.
-        g: [B, T, H] per-token log gate, or None (no token gate).
-        beta: [B, T, H] in (0, 1).
+        v: [B, T, HV, V], same dtype; HV is a multiple of H (value head hv reads q/k head hv // (HV // H)).
+        g: [B, T, HV] per-token log gate, or None (no token gate).
+        beta: [B, T, HV] in (0, 1).
         scale: float multiplying q.
-        initial_state: [N, H, K, V] float32 or None (zeros).
+        initial_state: [N, HV, K, V] float32 or None (zeros).
         output_final_state: whether to return the state after the last token.
         cu_seqlens: [N+1] int32/int64 on the device (then B == 1), or None (N = B).
         plan: the Plan; uses plan.config("recurrent_fwd") (block_v, num_warps, num_stages).
+        transform_args: with inlined transforms, their extra kernel arguments (per-head inputs,
+            positions [B * T] int32, rotary dims); the transformed inputs are then the raw ones.
+        transform_flags: the switches of the guarded transforms, in this order:
+            use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval.
 
     Returns:
-        o: [B, T, H, V] in q's dtype.
-        final_state: [N, H, K, V] float32, or None.
+        o: [B, T, HV, V] in q's dtype.
+        final_state: [N, HV, K, V] float32, or None.
         saved: () -- the backward recomputes the states from initial_state.
     """
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    HV, V = v.shape[-2:]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_fwd")
     # The whole K dim in one block (no cross-program sum for o); V is split to bound registers.
@@ -288,13 +365,14 @@ def fused_recurrent_fwd(
     NV = launch.cdiv(V, BV)
 
     o = torch.empty_like(v)
-    final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    gated_delta_rule_recurrent_fwd_kernel[(N * H, NV)](
+    final_state = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    gated_delta_rule_recurrent_fwd_kernel[(N * HV, NV)](
         q,
         k,
         v,
         g,
         beta,
+        *(transform_args or (None,) * 3),
         o,
         initial_state,
         final_state,
@@ -302,6 +380,7 @@ def fused_recurrent_fwd(
         scale,
         T,
         H=H,
+        HV=HV,
         K=K,
         V=V,
         BK=BK,
@@ -310,6 +389,11 @@ def fused_recurrent_fwd(
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
+        TRANSFORM=bool(transform_args),
+        flag_use_qk_l2norm_in_kernel=transform_flags[0],
+        flag_use_beta_sigmoid_in_kernel=transform_flags[1],
+        flag_use_gate_in_kernel=transform_flags[2],
+        flag_allow_neg_eigval=transform_flags[3],
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -335,18 +419,18 @@ def fused_recurrent_bwd(
     Args:
         q, k, v, g, beta, scale, initial_state, cu_seqlens: as in fused_recurrent_fwd.
         saved: what fused_recurrent_fwd returned (unused: nothing is saved).
-        do: [B, T, H, V] gradient of o.
-        dht: [N, H, K, V] gradient of the final state, or None.
+        do: [B, T, HV, V] gradient of o.
+        dht: [N, HV, K, V] gradient of the final state, or None.
         plan: the Plan; uses plan.config("recurrent_bwd") (block_v, num_warps, num_stages).
 
     Returns:
-        dq, dk: [B, T, H, K] in q's dtype; dv: [B, T, H, V] in v's dtype;
+        dq, dk: [B, T, H, K] in q's dtype; dv: [B, T, HV, V] in v's dtype;
         dg: like g, in g's dtype (None when g is None);
-        dbeta: [B, T, H] in beta's dtype;
-        dh0: [N, H, K, V] float32, or None when initial_state is None.
+        dbeta: [B, T, HV] in beta's dtype;
+        dh0: [N, HV, K, V] float32, or None when initial_state is None.
     """
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    HV, V = v.shape[-2:]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("recurrent_bwd")
     BK = launch.next_power_of_2(K)
@@ -354,19 +438,20 @@ def fused_recurrent_bwd(
     NV = launch.cdiv(V, BV)
     use_g = g is not None
     f32 = torch.float32
-    # dq, dk sum over V: one fp32 partial per V block when V is split, else written in place.
-    dq = q.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else q.dtype)
-    dk = k.new_empty(NV, B, T, H, K, dtype=f32 if NV > 1 else k.dtype)
-    dbeta = beta.new_empty(NV, B, T, H, dtype=f32 if NV > 1 else beta.dtype)
+    # key-side gradients sum over V and over the value heads of a group: fp32 partials per (V block,
+    # value head), summed below
+    dq = q.new_empty(NV, B, T, HV, K, dtype=f32)
+    dk = k.new_empty(NV, B, T, HV, K, dtype=f32)
+    dbeta = beta.new_empty(NV, B, T, HV, dtype=f32 if NV > 1 else beta.dtype)
     # dg sums over V too: per-V-block fp32 partials when V is split
     dg = g.new_empty(NV, *g.shape, dtype=f32 if NV > 1 else g.dtype) if use_g else None
     dv = torch.empty_like(v)
     dh0 = torch.empty_like(initial_state, dtype=f32) if initial_state is not None else None
-    r_buf = v.new_empty(B, T, H, V, dtype=f32)
-    dr_buf = v.new_empty(B, T, H, V, dtype=f32)
-    dk_buf = k.new_empty(NV, B, T, H, K, dtype=f32)
-    qdq_buf = q.new_empty(NV, B, T, H, dtype=f32) if use_g else None
-    gated_delta_rule_recurrent_bwd_kernel[(N * H, NV)](
+    r_buf = v.new_empty(B, T, HV, V, dtype=f32)
+    dr_buf = v.new_empty(B, T, HV, V, dtype=f32)
+    dk_buf = k.new_empty(NV, B, T, HV, K, dtype=f32)
+    qdq_buf = q.new_empty(NV, B, T, HV, dtype=f32) if use_g else None
+    gated_delta_rule_recurrent_bwd_kernel[(N * HV, NV)](
         q,
         k,
         v,
@@ -390,6 +475,7 @@ def fused_recurrent_bwd(
         B,
         T,
         H=H,
+        HV=HV,
         K=K,
         V=V,
         BK=BK,
@@ -401,11 +487,8 @@ def fused_recurrent_bwd(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if NV > 1:
-        dq = dq.sum(0).to(q.dtype)
-        dk = dk.sum(0).to(k.dtype)
-    else:
-        dq, dk = dq[0], dk[0]
+    dq = dq.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(q.dtype)
+    dk = dk.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(k.dtype)
     dbeta = dbeta.sum(0).to(beta.dtype) if NV > 1 else dbeta[0]
     if use_g:
         dg = dg.sum(0).to(g.dtype) if NV > 1 else dg[0]
@@ -454,8 +537,8 @@ _ARGS = (
     TensorArg("v", "BTGV", optional=False, gate=False),
     TensorArg("g", "BTG", optional=False, gate=True),
     TensorArg("beta", "BTG", optional=False, gate=False),
-    TensorArg("A_log", "H", optional=True, gate=True),
-    TensorArg("dt_bias", "H", optional=True, gate=True),
+    TensorArg("A_log", "G", optional=True, gate=True),
+    TensorArg("dt_bias", "G", optional=True, gate=True),
 )
 
 
@@ -511,8 +594,8 @@ def fused_recurrent_gated_delta_rule(
         use_beta_sigmoid_in_kernel: a switch (default False); True applies beta = sigmoid(beta) before the recurrence.
         use_gate_in_kernel: a switch (default False); True applies g = -exp(A_log) * softplus(g + dt_bias) before the recurrence.
         allow_neg_eigval: a switch (default False); True applies beta = 2 * beta before the recurrence.
-        A_log: [H] per-head parameter of the transform of g; only with use_gate_in_kernel=True, then required.
-        dt_bias: [H] per-head parameter of the transform of g; only with use_gate_in_kernel=True, optional (None means zeros).
+        A_log: [HV] per-head parameter of the transform of g; only with use_gate_in_kernel=True, then required.
+        dt_bias: [HV] per-head parameter of the transform of g; only with use_gate_in_kernel=True, optional (None means zeros).
         state_v_first: accepted for fla's signature with the value False only; another value is a ValueError.
         transpose_state_layout: accepted for fla's signature with the value False only; another value is a ValueError.
         head_first: accepted for fla's signature with the value False only; another value is a ValueError.
@@ -544,13 +627,6 @@ def fused_recurrent_gated_delta_rule(
     )
     if scale is None:
         scale = call.K ** -0.5
-    if call.HV != call.H:
-        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
-        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
-        groups = call.HV // call.H
-        q = q.repeat_interleave(groups, dim=2)
-        k = k.repeat_interleave(groups, dim=2)
-        call = call._replace(H=call.HV)
     validate_flags("fused_recurrent_gated_delta_rule", (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel), ("use_gate_in_kernel", use_gate_in_kernel), ("allow_neg_eigval", allow_neg_eigval), ), requires=(("allow_neg_eigval", "use_beta_sigmoid_in_kernel"), ))
     validate_guarded_inputs("fused_recurrent_gated_delta_rule", (
         ("A_log", A_log, "use_gate_in_kernel", use_gate_in_kernel, False),
@@ -566,11 +642,28 @@ def fused_recurrent_gated_delta_rule(
         ("gk", gk, None),
         ("gv", gv, None),
     ))
+    if use_gate_in_kernel and dt_bias is None:
+        dt_bias = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, A_log, dt_bias, initial_state))):
+        # No autograd: the recurrent kernel applies the transforms where it loads its inputs.
+        positions, rope_dims = gated_delta_rule_transform_args(call, 0, cu_seqlens, q.device)
+        plan = select_plan(RECURRENT_PLANS, q.device, call.dtype, max(call.K, call.V))
+        o, final_state, _ = fused_recurrent_fwd(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), float(scale),
+                                                initial_state, output_final_state, cu_seqlens, plan,
+                                                transform_args=(None if A_log is None else A_log.contiguous(), None if dt_bias is None else dt_bias.contiguous(), positions, *rope_dims), transform_flags=(bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel), bool(allow_neg_eigval)))
+        return o, final_state
+    if call.HV != call.H:
+        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
+        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
+        groups = call.HV // call.H
+        q = q.repeat_interleave(groups, dim=2)
+        k = k.repeat_interleave(groups, dim=2)
+        call = call._replace(H=call.HV)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
         if A_log is None:
-            A_log = torch.zeros(call.H, dtype=torch.float32, device=q.device)
+            A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
-            dt_bias = torch.zeros(call.H, dtype=torch.float32, device=q.device)
+            dt_bias = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         _q, _k, _g, _beta = gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval))
     else:
         _q, _k, _g, _beta = q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous()

@@ -55,7 +55,7 @@ def gated_delta_rule_reference(
     if use_gate_in_kernel and A_log is None:
         raise ValueError("gated_delta_rule_reference: A_log is required when use_gate_in_kernel=True")
     if dt_bias is None:
-        dt_bias = torch.zeros(H, dtype=dtype, device=device)
+        dt_bias = torch.zeros(HV, dtype=dtype, device=device)
     # The spec's transforms, on whole tensors, before the recurrence reads the inputs.
     q = (q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-06)) if use_qk_l2norm_in_kernel else q
     k = (k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-06)) if use_qk_l2norm_in_kernel else k

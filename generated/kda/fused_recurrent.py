@@ -23,7 +23,7 @@ from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_options
 
 from .plans import RECURRENT_PLANS
-from .transforms import kda_transforms
+from .transforms import _rope_coefs, kda_transform_args, kda_transforms
 
 # Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
@@ -35,6 +35,7 @@ def kda_recurrent_fwd_kernel(
     v,
     g,
     beta,
+    pos,
     o,
     h0,
     ht,
@@ -50,6 +51,10 @@ def kda_recurrent_fwd_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    TRANSFORM: tl.constexpr,
+    flag_use_qk_l2norm_in_kernel: tl.constexpr,
+    flag_use_beta_sigmoid_in_kernel: tl.constexpr,
+    flag_allow_neg_eigval: tl.constexpr,
 ):
     # One program = one (sequence, head) x one V block; the [BK, BV] fp32 state tile stays in
     # registers for the whole sequence.
@@ -77,13 +82,54 @@ def kda_recurrent_fwd_kernel(
     for t in range(0, seq_len):
         # row of token t in the [B * T, H] flattening of the inputs
         row = (bos + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
-        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
-        b_beta = tl.load(beta + row).to(tl.float32)
-        if USE_G:
-            b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+        if TRANSFORM:
+            o_K = o_k
+            m_K = m_k
+            x_q = q
+            x_k = k
+            x_beta = beta
+            t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+            t2 = tl.load(x_beta + row).to(tl.float32)
+            if flag_use_qk_l2norm_in_kernel:
+                t3 = tl.where(m_K, t0, 0.0)
+                t4 = 1.0 / tl.sqrt(tl.sum(t3 * t3, axis=0) + 1e-06)
+                t5 = t3 * t4
+                t6 = t5
+            else:
+                t6 = t0
+            if flag_use_qk_l2norm_in_kernel:
+                t7 = tl.where(m_K, t1, 0.0)
+                t8 = 1.0 / tl.sqrt(tl.sum(t7 * t7, axis=0) + 1e-06)
+                t9 = t7 * t8
+                t10 = t9
+            else:
+                t10 = t1
+            if flag_use_beta_sigmoid_in_kernel:
+                t11 = tl.sigmoid(t2)
+                t12 = t11
+            else:
+                t12 = t2
+            if flag_allow_neg_eigval:
+                t13 = 2.0 * t12
+                t14 = t13
+            else:
+                t14 = t12
+            b_q = t6 * scale
+            b_k = t10
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_beta = t14
+            if USE_G:
+                b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+                b_h *= tl.exp(b_gk)[:, None]
+        else:
+            b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+            b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_beta = tl.load(beta + row).to(tl.float32)
+            if USE_G:
+                b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+                b_h *= tl.exp(b_gk)[:, None]
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -260,6 +306,8 @@ def fused_recurrent_fwd(
     output_final_state,
     cu_seqlens,
     plan,
+    transform_args=(),
+    transform_flags=(False, False, False),
 ):
     """Token-by-token forward (decode path): S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T with S'_t = diag(exp(a_t)) S_{t-1}, o_t = scale * S_t^T q_t.
 
@@ -275,6 +323,10 @@ def fused_recurrent_fwd(
         output_final_state: whether to return the state after the last token.
         cu_seqlens: [N+1] int32/int64 on the device (then B == 1), or None (N = B).
         plan: the Plan; uses plan.config("recurrent_fwd") (block_v, num_warps, num_stages).
+        transform_args: with inlined transforms, their extra kernel arguments (per-head inputs,
+            positions [B * T] int32, rotary dims); the transformed inputs are then the raw ones.
+        transform_flags: the switches of the guarded transforms, in this order:
+            use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval.
 
     Returns:
         o: [B, T, H, V] in q's dtype.
@@ -298,6 +350,7 @@ def fused_recurrent_fwd(
         v,
         g,
         beta,
+        *(transform_args or (None,) * 1),
         o,
         initial_state,
         final_state,
@@ -313,6 +366,10 @@ def fused_recurrent_fwd(
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
+        TRANSFORM=bool(transform_args),
+        flag_use_qk_l2norm_in_kernel=transform_flags[0],
+        flag_use_beta_sigmoid_in_kernel=transform_flags[1],
+        flag_allow_neg_eigval=transform_flags[2],
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -568,6 +625,14 @@ def fused_recurrent_kda(
         ("use_graph", use_graph, False),
         ("max_num_seqs", max_num_seqs, None),
     ))
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))):
+        # No autograd: the recurrent kernel applies the transforms where it loads its inputs.
+        positions, rope_dims = kda_transform_args(call, 0, cu_seqlens, q.device)
+        plan = select_plan(RECURRENT_PLANS, q.device, call.dtype, max(call.K, call.V))
+        o, final_state, _ = fused_recurrent_fwd(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), float(scale),
+                                                initial_state, output_final_state, cu_seqlens, plan,
+                                                transform_args=(positions, *rope_dims), transform_flags=(bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval)))
+        return o, final_state
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
         _q, _k, _beta = kda_transforms(q, k, beta, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval))
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import itertools
 
-import jinja2
 import pytest
 
 from fla_gen.emit import TEMPLATES_DIR, _environment
@@ -37,7 +36,18 @@ def test_every_combination_renders_to_python(features: KernelFeatures) -> None:
     assert ("row_k" in source) == features.grouped and ("HV" in source) == features.grouped
 
 
-def test_grouped_heads_refuse_inlined_transforms() -> None:
-    inline = InlineTransforms(("pos",), "o_K = o_k", {})
-    with pytest.raises(jinja2.UndefinedError, match="cannot_inline_transforms_into_grouped_heads"):
-        render(KernelFeatures(TokenDecay.SCALAR, False, RankOne.DELTA, grouped=True), inline)
+def test_grouped_kernels_take_inlined_switched_transforms() -> None:
+    """A grouped forward kernel with inlined transforms: each switch is a constexpr parameter, the launcher
+    passes it from transform_flags, and the inline body (which loads key-side rows at row_k) sits in the
+    kernel's token loop."""
+    load = "t0 = tl.load(q + row_k * K + o_K)"
+    body = f"o_K = o_k\nif flag_norm:\n    {load}\nelse:\n    {load}"
+    inline = InlineTransforms(("pos",), body, {"q": "t0"}, flags=("norm",))
+    source = render(KernelFeatures(TokenDecay.SCALAR, False, RankOne.DELTA, grouped=True), inline)
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    kernel = [a.arg for a in functions["x_recurrent_fwd_kernel"].args.args]
+    assert kernel[-2:] == ["TRANSFORM", "flag_norm"] and "pos" in kernel
+    launcher = [a.arg for a in functions["fused_recurrent_fwd"].args.args]
+    assert launcher[-2:] == ["transform_args", "transform_flags"]
+    assert "flag_norm=transform_flags[0]," in source
+    assert "b_q = t0 * scale" in source and "row_k = (bos + t) * H + i_hk" in source

@@ -152,15 +152,21 @@ def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
 
 
 def test_transforms_over_both_kinds_of_heads_keep_the_host_fallback(monkeypatch):
-    """The transform pass walks one set of rows for all its targets: q on H and beta on HV cannot share it."""
+    """The transform pass walks one set of rows for all its targets: q on H and beta on HV cannot share it, so
+    the autograd path repeats q on the host (the grouping kernel then runs with H = HV), while the decode
+    path without autograd launches the grouping kernel on the raw inputs, before that repeat."""
     import fla_gen.emit as emit
 
     source = GROUPED.replace("param scale = K ** -0.5\n",
                              "param scale = K ** -0.5\ntransform q = l2norm(q)\ntransform beta = sigmoid(beta)\n")
     rec = canonicalize(checked(source))
+    recurrent = {f.path: f.text for f in emit.emit_package(rec)}["t/fused_recurrent.py"]
+    assert recurrent.index("transform_args=(") < recurrent.index("if call.HV != call.H:")
     chunk_algo, _ = select_algorithms(rec)
     monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
-    assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
+    assert emit.kernel_groups_heads(lower(rec), chunk_algo)
+    assert emit.host_repeats_heads(lower(rec), chunk_algo)
     only_hv = canonicalize(checked(GROUPED.replace("param scale = K ** -0.5\n",
                                                    "param scale = K ** -0.5\ntransform beta = sigmoid(beta)\n")))
     assert emit.kernel_groups_heads(lower(only_hv), chunk_algo)
+    assert not emit.host_repeats_heads(lower(only_hv), chunk_algo)

@@ -151,8 +151,56 @@ def test_flags_off_run_no_transform_pass(mode, monkeypatch):
     o, _ = getattr(module, f"{mode}_{OP}")(*x.values())
     ref, _ = generated(OP).gated_delta_rule_reference(*(t.double() for t in x.values()))
     assert (o.double() - ref).norm() <= 1e-4 * ref.norm()
-    with pytest.raises(AssertionError, match="transform pass ran"):
-        getattr(module, f"{mode}_{OP}")(*x.values(), use_qk_l2norm_in_kernel=True)
+    if mode == "chunk":
+        with pytest.raises(AssertionError, match="transform pass ran"):
+            module.chunk_gated_delta_rule(*x.values(), use_qk_l2norm_in_kernel=True)
+        return
+    # decode without autograd: the recurrent kernel applies switched-on transforms itself, no pass
+    module.fused_recurrent_gated_delta_rule(*x.values(), use_qk_l2norm_in_kernel=True)
+    with pytest.raises(AssertionError, match="transform pass ran"):  # with autograd the pass runs
+        module.fused_recurrent_gated_delta_rule(*(t.requires_grad_(True) for t in x.values()),
+                                                use_qk_l2norm_in_kernel=True)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_decode_without_autograd_applies_every_flag_in_the_kernel(with_bias, groups, monkeypatch):
+    """The decode path (no autograd, one kernel with the switched transforms inlined, q and k read at their
+    key-side head when HV = groups * H) against the float64 reference; prefill then one token at a time."""
+    module = generated(OP).fused_recurrent
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the transform pass or a head repeat ran on the decode path")
+
+    monkeypatch.setattr(module, f"{OP}_transforms", forbidden)
+    gen = torch.Generator().manual_seed(11 + groups)
+    HV = groups * H
+    x = {"q": torch.randn(B, T, H, K, generator=gen), "k": torch.randn(B, T, H, K, generator=gen),
+         "v": torch.randn(B, T, HV, V, generator=gen), "g": torch.randn(B, T, HV, generator=gen),
+         "beta": torch.randn(B, T, HV, generator=gen)}
+    heads = {"A_log": torch.empty(HV).uniform_(-3.0, 0.0, generator=gen)}
+    if with_bias:
+        heads["dt_bias"] = torch.randn(HV, generator=gen)
+    h0 = torch.randn(B, HV, K, V, generator=gen)
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
+             "allow_neg_eigval": True}
+    o_ref, ht_ref = generated(OP).gated_delta_rule_reference(
+        *(t.double() for t in x.values()), initial_state=h0.double(), output_final_state=True,
+        **{n: t.double() for n, t in heads.items()}, **flags)
+    split = T - 3
+    with torch.no_grad(), poisoned_allocations(), monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "repeat_interleave", forbidden)
+        o, state = module.fused_recurrent_gated_delta_rule(*(t[:, :split] for t in x.values()), initial_state=h0,
+                                                           output_final_state=True, **heads, **flags)
+        outs = [o]
+        for i in range(split, T):
+            o, state = module.fused_recurrent_gated_delta_rule(*(t[:, i:i + 1] for t in x.values()),
+                                                               initial_state=state, output_final_state=True,
+                                                               **heads, **flags)
+            outs.append(o)
+    tol_fwd, _ = TOLERANCE[torch.float32]
+    errors = {"o": relative_error(torch.cat(outs, 1), o_ref), "final_state": relative_error(state, ht_ref)}
+    assert all(e <= tol_fwd for e in errors.values()), errors
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
@@ -245,3 +293,28 @@ def test_guards_of_another_family_match_reference(tmp_path, rotate, gate):
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m.startswith("guarded_rope")]:
             del sys.modules[name]
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_grouped_gate_in_kernel_with_autograd(mode):
+    """HV = 2H value heads with A_log and dt_bias on the value heads ([HV], as Qwen3-Next's layer holds them):
+    outputs and every gradient against the float64 reference."""
+    pkg = generated(OP)
+    gen = torch.Generator().manual_seed(21)
+    HV = 2 * H
+    x = {"q": torch.randn(B, T, H, K, generator=gen), "k": torch.randn(B, T, H, K, generator=gen),
+         "v": torch.randn(B, T, HV, V, generator=gen), "g": torch.randn(B, T, HV, generator=gen),
+         "beta": torch.randn(B, T, HV, generator=gen), "initial_state": torch.randn(B, HV, K, V, generator=gen),
+         "A_log": torch.empty(HV).uniform_(-3.0, 0.0, generator=gen), "dt_bias": torch.randn(HV, generator=gen)}
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True}
+    keywords = ("A_log", "dt_bias")
+    with poisoned_allocations():
+        o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
+                                                               x.items()}, keywords, **flags)
+    o_r, ht_r, grads_r = grads_of(getattr(pkg, f"{OP}_reference"),
+                                  {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **flags)
+    tol_fwd, tol_grad = TOLERANCE[torch.float32]
+    errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
+    assert all(e <= tol_fwd for e in errors.values()), errors
+    errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
+    assert all(e <= tol_grad for e in errors.values()), errors
