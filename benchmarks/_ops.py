@@ -59,12 +59,13 @@ OPS: dict[str, OpSpec] = {
         OpSpec("gla", ("q", "k", "v", "g")),
         OpSpec("delta_rule", ("q", "k", "v", "beta")),
         OpSpec("gated_delta_rule", ("q", "k", "v", "g", "beta")),
+        OpSpec("kda", ("q", "k", "v", "g", "beta")),
         OpSpec("dplr_delta_rule", ("q", "k", "v", "a", "b", "gk"), packages=("dplr_delta_rule", "dplr")),
         OpSpec("rwkv7", ("r", "w", "k", "v", "a", "b"), default_scale=1.0),
     ]
 }
 
-DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "dplr_delta_rule", "rwkv7"}
+DELTA_FAMILY = {"delta_rule", "gated_delta_rule", "kda", "dplr_delta_rule", "rwkv7"}
 
 
 # Named shape lists for --shapes (B x T x H x D, K = V = D). standard: the shapes the plans were tuned on.
@@ -151,7 +152,7 @@ def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = Fal
         elif n == "g":
             if op.name == "simple_gla" and g_gamma:
                 continue
-            gshape = (B, T, H, K) if op.name == "gla" else (B, T, H)
+            gshape = (B, T, H, K) if op.name in ("gla", "kda") else (B, T, H)
             tensors[n] = (gate_scale * F.logsigmoid(randn(*gshape)) / GATE_TEMPERATURE).to(gate_dtype)
         elif n == "beta":
             tensors[n] = torch.sigmoid(randn(B, T, H))

@@ -143,6 +143,21 @@ SOURCES: dict[str, Source] = {
         "the delta family's bwd_dh at head dim 256, [256, 32] state tile, 4 warps, 2 stages, at 2x8192x8x256: "
         "kernel 0.675 -> 0.494 ms (the delta rule) and 0.784 -> 0.569 (gated) against the rule's [256, 16] at 1 stage; "
         "forward+backward 3.024 -> 2.836 and 3.602 -> 3.381 ms", _H100),
+    "h100-delta-bwd-dqk-whole-k": Source(
+        "the delta family's bwd_dqk at head dim 128 with the whole K in one block against [64, 64] "
+        "(sweep_plans.py, the gated delta rule, 4x4096x16x128, --quick): kernel 0.524 -> 0.494 ms, forward+backward "
+        "1.934 -> 1.905 ms", _H100),
+    "h100-delta-channel-whole-k": Source(
+        "the per-channel gated delta rule (KDA's recurrence) at head dim 128, the intra-chunk kernels with the whole "
+        "K in one block against 64-wide K blocks (sweep_plans.py, 4x4096x16x128, --quick): fwd_A kernel 0.643 -> "
+        "0.502 ms (forward 1.681 -> 1.533), bwd_dqk_intra 0.748 -> 0.648 (forward+backward 6.217 -> 6.151)", _H100),
+    "h100-delta-channel-fwd-o-wide-v": Source(
+        "the per-channel gated delta rule's fwd_o at head dim 128 with 128-wide V tiles against 64 (sweep_plans.py, "
+        "4x4096x16x128, --quick): kernel 0.221 -> 0.187 ms, forward 1.661 -> 1.638 ms", _H100),
+    "h100-delta-channel-bwd-dh-64": Source(
+        "the per-channel gated delta rule's bwd_dh at head dim 128 with a [128, 64] state-gradient tile against "
+        "[128, 32] (sweep_plans.py, 4x4096x16x128, --quick): kernel 0.774 -> 0.567 ms, forward+backward 6.280 -> "
+        "6.077 ms; 3 stages do not fit in shared memory (288 KB)", _H100),
     "h100-dplr-pair-kernels": Source(
         "the DPLR chunk op with RWKV-7 gates with RWKV-7 gates (every K block takes the factored dots), "
         "sweep_plans.py --stages "

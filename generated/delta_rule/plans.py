@@ -115,7 +115,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 64, 4, 3, min_sm_share=0.45, source="fused-walk,h100-fused-walk-delta")),
         ("bwd_dh", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dh-128,split-whole-k,h100-split-whole-k")),
-        ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("bwd_dqk", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dqk-whole-k")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(

@@ -58,6 +58,18 @@ CHUNK_PLANS = {
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
     )),
+    ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
+        ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
+        ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
+        ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
+        ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+    )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
@@ -72,14 +84,14 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
+        ("fwd_A", LaunchConfig(128, 64, 4, 1, source="h100-delta-channel-whole-k")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
-        ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
+        ("fwd_o", LaunchConfig(64, 128, 4, 3, source="h100-delta-channel-fwd-o-wide-v")),
+        ("bwd_dh", LaunchConfig(128, 64, 4, 2, source="h100-delta-channel-bwd-dh-64,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
+        ("bwd_dqk_intra", LaunchConfig(128, 64, 4, 1, source="h100-delta-channel-whole-k")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
@@ -157,8 +169,10 @@ CHUNK_PLANS = {
 }
 # sm89 rows: the sm86 rows but for the arch.
 CHUNK_PLANS.update(same_arch_plans_as(CHUNK_PLANS, "sm86", "sm89"))
-# fp16 rows: the bf16 rows but for the dtype (same element size).
-CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16"))
+# fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
+CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 128),
+)))
 
 # fused_recurrent: the decode kernels
 RECURRENT_PLANS = {
