@@ -1388,6 +1388,8 @@ def chunk_gated_delta_rule_rope(
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = call.K ** -0.5
     _q, _k, _g, _beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)

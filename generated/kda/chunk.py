@@ -1366,6 +1366,8 @@ def chunk_kda(
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = call.K ** -0.5
     validate_flags("chunk_kda", (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel), ("allow_neg_eigval", allow_neg_eigval), ), requires=(("allow_neg_eigval", "use_beta_sigmoid_in_kernel"), ))
