@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class Case:
     HV: int | None = None  # value heads of a grouped op
     kwargs: dict = field(default_factory=dict)  # extra keywords of both calls (flags, seqlen_offsets)
     split: bool = False  # force the two-call pre-pass (as if the op had no plan at width K + V)
+    variant: bool = False  # a spec of tests/variants, built by the test (VARIANT_DIR on sys.path)
 
     @property
     def name(self) -> str:
@@ -68,15 +70,33 @@ CASES_4 = (
     Case("rwkv7", CU_4, kwargs={"gate_lower_bound": -0.7}),
     Case("simple_gla", CU_4),
     Case("delta_rule", CU_4, split=True),  # no decay: the transition M carries the most
+    Case("ssd", CU_4, variant=True),  # Mamba-2: the values dt * v are derived, and widened to [0 | dt * v]
 )
+
+
+def _recurrence(case: Case):
+    from fla_gen.cli import compile_spec
+    from tests.support import VARIANTS_DIR, recurrence
+
+    return compile_spec(VARIANTS_DIR / f"{case.package}.fla")[0] if case.variant else recurrence(case.package)
+
+
+def _build_variants(cases: tuple[Case, ...], directory: Path) -> None:
+    """Build the variant specs of ``cases`` into ``directory`` (once, before the ranks import them)."""
+    from fla_gen.cli import compile_spec
+    from fla_gen.write import write_files
+    from tests.support import VARIANTS_DIR
+
+    for case in cases:
+        if case.variant:
+            write_files(compile_spec(VARIANTS_DIR / f"{case.package}.fla")[1], directory)
 
 
 def _inputs(case: Case, T: int) -> dict[str, torch.Tensor]:
     from fla_gen.canonical import GateKind
     from fla_gen.sample import log_gate_inputs, sample_inputs
-    from tests.support import recurrence
 
-    rec = recurrence(case.package)
+    rec = _recurrence(case)
     x = sample_inputs(rec, 1, T, case.H, case.K, case.V, torch.float32, seed=7, HV=case.HV)
     # Long memory, as GLA's layers parameterize it (logsigmoid / 16): with sample_inputs' decays (~0.5 a token)
     # the state a rank hands on after 32 tokens is ~1e-9 of what it received, and a wrong transition M would pass.
@@ -88,10 +108,10 @@ def _inputs(case: Case, T: int) -> dict[str, torch.Tensor]:
     return x
 
 
-def _chunk_op(package: str):
-    from tests.support import generated
+def _chunk_op(case: Case):
+    import importlib
 
-    pkg = generated(package)
+    pkg = importlib.import_module(case.package if case.variant else f"generated.{case.package}")
     return getattr(pkg, next(n for n in pkg.__all__ if n.startswith("chunk_")))
 
 
@@ -109,7 +129,7 @@ def _single_process(case: Case, T: int) -> dict[str, torch.Tensor]:
     x = {n: t.requires_grad_() for n, t in _inputs(case, T).items()}
     cu = torch.tensor(case.cu, dtype=torch.int64)
     with poisoned_allocations():
-        o, _ = _chunk_op(case.package)(**x, cu_seqlens=cu, cu_seqlens_cpu=cu, **_kwargs(case))
+        o, _ = _chunk_op(case)(**x, cu_seqlens=cu, cu_seqlens_cpu=cu, **_kwargs(case))
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(3))
     grads = torch.autograd.grad(o, list(x.values()), do)
     return {"o": o.detach(), "do": do, **{f"d{n}": g for n, g in zip(x, grads, strict=True)}}
@@ -117,6 +137,7 @@ def _single_process(case: Case, T: int) -> dict[str, torch.Tensor]:
 
 def _worker(rank: int, world: int, init_file: str, cases: tuple[Case, ...], out_dir: str) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton (inherited from pytest too)
+    sys.path.insert(0, str(Path(out_dir, "variants")))
     import torch.distributed as dist
 
     from fla_gen.runtime import build_cp_context
@@ -147,7 +168,7 @@ def _worker(rank: int, world: int, init_file: str, cases: tuple[Case, ...], out_
             cp.plan_covers = lambda *args: False
         try:
             with poisoned_allocations():
-                o, final = _chunk_op(case.package)(**x, cp_context=ctx, **_kwargs(case))
+                o, final = _chunk_op(case)(**x, cp_context=ctx, **_kwargs(case))
             grads = torch.autograd.grad(o, list(x.values()), ref["do"][:, mine])
         finally:
             cp.plan_covers = covers
@@ -210,6 +231,7 @@ def _layer_errors(rank: int, world: int, cu: tuple[int, ...]) -> dict[str, float
 
 
 def _run(world: int, cases: tuple[Case, ...], tmp_path: Path) -> list[dict]:
+    _build_variants(cases, tmp_path / "variants")
     mp.spawn(_worker, args=(world, str(tmp_path / "init"), cases, str(tmp_path)), nprocs=world)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
