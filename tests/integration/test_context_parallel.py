@@ -182,6 +182,10 @@ def _worker(rank: int, world: int, init_file: str, cases: tuple[Case, ...], out_
         results[case.name] = errors
     # a layer: the short convolution reads the inputs of the rank before, masked to the same sequence
     results["layer"] = _layer_errors(rank, world, LAYER_CU[world])
+    # the context of the ops' batch, field by field
+    ctx = build_cp_context(torch.tensor(cases[0].cu))
+    results["context"] = [ctx.cu_seqlens.tolist(), list(ctx.sequence_ids), list(ctx.position_offsets),
+                          list(ctx.continues), list(ctx.carries), str(ctx.cu_seqlens.dtype)]
     # the context's own checks
     messages = []
     for bad in ([0, 10, 63], [0, 40, 30, 64], [1, 64]):
@@ -236,9 +240,22 @@ def _run(world: int, cases: tuple[Case, ...], tmp_path: Path) -> list[dict]:
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
+# build_cp_context's fields on each rank, by hand: local offsets, global sequence of each local one, its tokens
+# on earlier ranks; per rank of the group, whether the first sequence continues, whether the rank carries one
+# piece of a sequence begun earlier.
+CONTEXTS = {
+    2: [[[0, 10, 32], [0, 1], [0, 0]], [[0, 20, 32], [1, 2], [22, 0]]],
+    4: [[[0, 20, 32], [0, 1], [0, 0]], [[0, 8, 32], [2, 3], [0, 0]], [[0, 32], [3], [24]],
+        [[0, 24, 32], [3, 4], [56, 0]]],
+}
+CHAINS = {2: [[False, True], [False, False]], 4: [[False, False, True, True], [False, False, True, False]]}
+
+
 @pytest.mark.parametrize("world,cases", [(2, CASES_2), (4, CASES_4)], ids=["world2", "world4"])
 def test_context_parallel_equals_single_process(world, cases, tmp_path):
     results = _run(world, cases, tmp_path)
+    for rank, res in enumerate(results):
+        assert res["context"] == [*CONTEXTS[world][rank], *CHAINS[world], "torch.int64"], f"rank {rank}"
     worst = max(e for res in results for case in cases for k, e in res[case.name].items() if k.startswith(("o", "d")))
     print(f"world {world}: largest relative error {worst:.1e}")
     for rank, res in enumerate(results):
