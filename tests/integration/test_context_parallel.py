@@ -402,3 +402,22 @@ def test_layer_refuses_decoding_with_cp_context(extra, words):
     layer = layer_for(generated.simple_gla, hidden_size=32, num_heads=2, head_k_dim=16)
     with pytest.raises(ValueError, match=words):
         layer(torch.randn(1, 32, 32), cp_context=_context(), **extra)
+
+
+def test_example_script_under_torchrun():
+    """examples/train_context_parallel.py (the README's training loop) under torchrun, 2 gloo ranks: its own check
+    against the layer in one process, and the loss it prints."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2", "--tokens", "96"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    errors = [float(e) for e in re.findall(r"largest relative error against one process (\S+)", run.stdout)]
+    assert len(errors) == 2 and max(errors) < TOLERANCE, run.stdout
+    assert len(re.findall(r"step \d: loss \d", run.stdout)) == 2, run.stdout
