@@ -413,7 +413,8 @@ def test_example_script_under_torchrun():
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2", "--tokens", "96"],
+         str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2", "--tokens", "96",
+         "--layers", "2"],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
     )
