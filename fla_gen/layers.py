@@ -236,6 +236,9 @@ class RecurrentLayer(nn.Module):
             if use_cache:
                 raise ValueError(f"{type(self).__name__}: use_cache=True is not supported with cp_context "
                                  f"(decoding with context parallelism is not supported)")
+            if B != 1 or T * cp_context.world_size != cp_context.tokens:
+                raise ValueError(f"{type(self).__name__}: with cp_context x must be this rank's slice [1, "
+                                 f"{cp_context.tokens_per_rank}, D] of the packed batch, got {list(x.shape)}")
         heads_of = {"H": self.H, "G": self.HV}
         values, conv_in = {}, []
         for name, layout, role, _ in self.ops.inputs:

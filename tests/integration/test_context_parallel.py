@@ -394,6 +394,8 @@ def test_build_cp_context_needs_torch_distributed():
     ({"use_cache": True}, "use_cache=True is not supported with cp_context"),
     ({"cu_seqlens": torch.tensor([0, 32])}, "cu_seqlens must be None with cp_context"),
     ({"past_state": object()}, "past_state must be None with cp_context"),
+    ({"x": torch.randn(2, 32, 32)}, r"x must be this rank's slice \[1, 32, D\] of the packed batch, got \[2, 32, 32\]"),
+    ({"x": torch.randn(1, 30, 32)}, r"x must be this rank's slice \[1, 32, D\]"),
 ])
 def test_layer_refuses_decoding_with_cp_context(extra, words):
     import generated.simple_gla
@@ -401,7 +403,7 @@ def test_layer_refuses_decoding_with_cp_context(extra, words):
 
     layer = layer_for(generated.simple_gla, hidden_size=32, num_heads=2, head_k_dim=16)
     with pytest.raises(ValueError, match=words):
-        layer(torch.randn(1, 32, 32), cp_context=_context(), **extra)
+        layer(**{"x": torch.randn(1, 32, 32), "cp_context": _context(), **extra})
 
 
 def test_example_script_under_torchrun():
