@@ -68,7 +68,9 @@ GENERATED_NAMES = frozenset({
     "fused_recurrent_bwd",
     # the public ops' own arguments and locals
     "self", "call", "plan", "positions", "rope_dims", "o", "final_state", "initial_state", "output_final_state",
-    "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound", "seqlen_offsets",
+    "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound", "seqlen_offsets", "cp_context",
+    # context parallelism (fla_gen/runtime/context_parallel.py), imported by the chunk op
+    "ContextParallelOp", "CPContext", "run_context_parallel",
     # the reference's locals
     "dtype", "device", "segments", "bounds", "outputs", "finals", "n", "rows", "bos", "eos", "batch", "steps",
     "t",
@@ -101,7 +103,7 @@ def _name_problem(kind: str, name: str) -> str:
     return ""
 # The keyword arguments every generated op already has: an `option` cannot redeclare them.
 OP_KEYWORDS = ("initial_state", "output_final_state", "cu_seqlens", "cu_seqlens_cpu", "gate_lower_bound",
-               "seqlen_offsets")
+               "seqlen_offsets", "cp_context")
 # `option` values written as names, and what they mean in Python.
 OPTION_WORDS = {"true": True, "false": False, "none": None}
 

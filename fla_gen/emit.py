@@ -323,6 +323,42 @@ def _bounded_gate(lowered: Lowered) -> str | None:
     return " + ".join(names) or None
 
 
+def _scales(n: Node, name: str) -> bool:
+    """Whether ``n`` is the input ``name`` times scalars that do not read it: c * name, name / c, -name."""
+    if isinstance(n, Ref):
+        return n.name == name
+    if not isinstance(n, Apply):
+        return False
+    if n.fn == "neg":
+        return _scales(n.args[0], name)
+    if n.fn in ("mul", "div"):
+        a, b = n.args
+        if _scales(a, name) and not _reads(b, name) and not b.ty.dims:
+            return True
+        return n.fn == "mul" and _scales(b, name) and not _reads(a, name) and not a.ty.dims
+    return False
+
+
+def context_parallel_values(lowered: Lowered) -> tuple[str | None, str | None]:
+    """The input the context-parallel pre-pass widens, or None and why the chunk op cannot run
+    context-parallel.
+
+    The pre-pass (fla_gen/runtime/context_parallel.py) passes values [0 | v] (width K + V) and reads the zero
+    columns' final state as the transition product: the kernels' values must be that input untouched, or
+    it times per-token scalars (a derived ``dt * v``), so that zero columns stay zero and the other columns
+    are the op's own values."""
+    s = lowered.slot("v")
+    spec = lowered.rec.spec
+    value_inputs = [n for n in inputs_read(s.expr) if spec.input(n).vec_dim == spec.value_dim]
+    if len(value_inputs) != 1 or not _scales(s.expr, value_inputs[0]):
+        return None, (f"its kernels' values are {render_expr(s.expr)}, not one input times per-token scalars, "
+                      f"so the pre-pass cannot widen them to [0 | v]")
+    if value_inputs[0] in spec.transformed:
+        return None, (f"its values input {value_inputs[0]!r} is transformed before the recurrence, so the "
+                      f"pre-pass's zero values would not stay zero")
+    return value_inputs[0], None
+
+
 def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -> str:
     rec = lowered.rec
     features = lowered.features
@@ -379,6 +415,10 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "derived_block": derived_block,
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
         "host_repeats_heads": host_repeats_heads(lowered, algo),
+        # context parallelism (chunk ops only): the values input, or why the op refuses it
+        "cp_value_input": context_parallel_values(lowered)[0],
+        "cp_refusal": context_parallel_values(lowered)[1],
+        "per_token_inputs": [i.name for i in rec.spec.inputs if i.per_token],
     })
     # host scalars with exp or log (param defaults, the output's scale) call math.*
     ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], inline_block, transform_block,

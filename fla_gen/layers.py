@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_gen.features import RankOne
+from fla_gen.runtime.context_parallel import CPContext, previous_tokens
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,16 @@ def _causal_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | No
     return y.reshape(B, T, C), new_cache
 
 
+def _conv_cache_across_ranks(x: torch.Tensor, width: int, ctx: CPContext) -> torch.Tensor | None:
+    """The convolution cache [N_local, W - 1, C] of a context-parallel slice x [1, T_local, C]: the first local
+    sequence reads the last W - 1 inputs of the rank before when it continues from there, the others zeros."""
+    if width <= 1:
+        return None
+    first = previous_tokens(x[0, -(width - 1):], ctx)  # every rank sends its tail (a collective)
+    n_local = ctx.cu_seqlens_cpu.shape[0] - 1
+    return torch.cat([first[None], first.new_zeros(n_local - 1, *first.shape)])
+
+
 class RecurrentLayer(nn.Module):
     """A token mixer around one generated op; see the module docstring for the projections.
 
@@ -200,7 +211,7 @@ class RecurrentLayer(nn.Module):
         return {}
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, past_state: LayerState | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, LayerState | None]:
+                use_cache: bool = False, cp_context: CPContext | None = None) -> tuple[torch.Tensor, LayerState | None]:
         """Mix the tokens of ``x``.
 
         Args:
@@ -208,11 +219,26 @@ class RecurrentLayer(nn.Module):
             cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences, or None (N = B).
             past_state: the cache returned by the previous call on the same sequences, or None.
             use_cache: also return the cache after the last token.
+            cp_context: context parallelism (``fla_gen.runtime.build_cp_context``): x is then this rank's
+                slice [1, T_global / R, D] of the packed batch, whose offsets the context holds (cu_seqlens
+                None); the chunked op and the short convolution continue across ranks. Training and prefill
+                only: past_state and use_cache are refused.
 
         Returns:
             y: [B, T, D]; the new LayerState, or None without use_cache.
         """
         B, T, _ = x.shape
+        if cp_context is not None:
+            for name, value in (("cu_seqlens", cu_seqlens), ("past_state", past_state)):
+                if value is not None:
+                    raise ValueError(f"{type(self).__name__}: {name} must be None with cp_context (the context holds "
+                                     f"the offsets; decoding with context parallelism is not supported)")
+            if use_cache:
+                raise ValueError(f"{type(self).__name__}: use_cache=True is not supported with cp_context "
+                                 f"(decoding with context parallelism is not supported)")
+            if B != 1 or T * cp_context.world_size != cp_context.tokens:
+                raise ValueError(f"{type(self).__name__}: with cp_context x must be this rank's slice [1, "
+                                 f"{cp_context.tokens_per_rank}, D] of the packed batch, got {list(x.shape)}")
         heads_of = {"H": self.H, "G": self.HV}
         values, conv_in = {}, []
         for name, layout, role, _ in self.ops.inputs:
@@ -231,7 +257,10 @@ class RecurrentLayer(nn.Module):
                 values[name] = torch.sigmoid(p).reshape(shape)
         conv_state = None
         mixed = torch.cat([p for _, p in conv_in], -1)
-        if self.conv is not None:
+        if self.conv is not None and cp_context is not None:
+            mixed, _ = _causal_conv(mixed, self.conv, _conv_cache_across_ranks(mixed, self.conv_size, cp_context),
+                                    cp_context.cu_seqlens.to(x.device))
+        elif self.conv is not None:
             mixed, conv_state = _causal_conv(mixed, self.conv, None if past_state is None else past_state.conv,
                                              cu_seqlens)
         mixed = F.silu(mixed)
@@ -249,8 +278,11 @@ class RecurrentLayer(nn.Module):
         decode = past_state is not None and T <= self.decode_max_tokens
         op = self.ops.fused_recurrent if decode else self.ops.chunk
         h0 = None if past_state is None else past_state.recurrent
+        extra = {} if decode else self._chunk_options()
+        if cp_context is not None:
+            extra["cp_context"] = cp_context
         o, recurrent = op(*[values[n] for n in names], initial_state=h0, output_final_state=use_cache,
-                          cu_seqlens=cu_seqlens, **({} if decode else self._chunk_options()))
+                          cu_seqlens=cu_seqlens, **extra)
         o = self.norm(o) * F.silu(self.out_gate(x)).reshape(B, T, self.HV, self.V)
         y = self.out(o.reshape(B, T, self.HV * self.V))
         return y, (LayerState(recurrent, conv_state) if use_cache else None)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from fla_gen.runtime.plan_types import Plan, head_dim_bucket
+from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, Plan, head_dim_bucket
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -161,3 +161,12 @@ def select_bounded_plan(plan: Plan, bounded_plans: dict[tuple[str, str, int], Pl
     if bounded is None or bounded.gate_bound is None or gate_lower_bound < bounded.gate_bound:
         return plan
     return apply_plan_override(bounded)
+
+
+def plan_covers(plans: Mapping[tuple[str, str, int], Plan], device: torch.device, dtype: torch.dtype,
+                head_dim: int) -> bool:
+    """Whether ``plans`` hold a row for (arch of ``device``, ``dtype``, bucket of ``head_dim``): a call at that
+    head dim would run rather than be refused by :func:`select_plan`."""
+    if dtype not in _DTYPE_NAMES or head_dim > HEAD_DIM_BUCKETS[-1]:
+        return False
+    return (arch_of(device), _DTYPE_NAMES[dtype], head_dim_bucket(head_dim)) in plans

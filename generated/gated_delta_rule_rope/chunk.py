@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -1340,6 +1341,7 @@ def chunk_gated_delta_rule_rope(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: CPContext | None = None,
     seqlen_offsets: int | torch.Tensor = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet (Yang et al., 2024) with its input transforms declared, so the compiler fuses them: RoPE (Su et al., 2021) and L2 normalization of q and k, a sigmoid beta, and the Mamba-2 style gate g = -exp(A_log) * softplus(g + dt_bias) (Dao and Gu, 2024) with per-head A_log and dt_bias.
@@ -1369,6 +1371,10 @@ def chunk_gated_delta_rule_rope(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
+        cp_context: a CPContext (fla_gen.runtime.build_cp_context) when the packed batch is split over the
+            ranks of a process group: every per-token input is then this rank's slice [1, T_global / R, ...],
+            cu_seqlens comes from the context (pass None), initial_state and output_final_state are
+            refused, and every rank must call the op and run its backward (collectives).
         seqlen_offsets: the rope position of each sequence's first token: an int, or a [N] int
             tensor (one per sequence); positions restart at 0 for every sequence.
 
@@ -1383,11 +1389,26 @@ def chunk_gated_delta_rule_rope(
     Raises:
         TypeError, ValueError: naming the argument, before any kernel is launched.
     """
+    if cp_context is not None:
+        return run_context_parallel(chunk_gated_delta_rule_rope, _CONTEXT_PARALLEL, cp_context, {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "A_log": A_log,
+            "dt_bias": dt_bias,
+            "scale": scale,
+            "seqlen_offsets": seqlen_offsets,
+        }, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     call = validate_call(
         "chunk_gated_delta_rule_rope", _ARGS, (q, k, v, g, beta, A_log, dt_bias,),
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = call.K ** -0.5
     _q, _k, _g, _beta = gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, call=call, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens)
@@ -1396,3 +1417,11 @@ def chunk_gated_delta_rule_rope(
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
     return o, final_state if output_final_state else None
+
+
+# Context parallelism (fla_gen/runtime/context_parallel.py): what its runner needs to know about this op.
+_CONTEXT_PARALLEL = ContextParallelOp(
+    "chunk_gated_delta_rule_rope", value_input='v', key_input="q",
+    per_token_inputs=('q', 'k', 'v', 'g', 'beta'), position_arg="seqlen_offsets",
+    plans=CHUNK_PLANS,
+)

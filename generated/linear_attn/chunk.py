@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -730,6 +731,7 @@ def chunk_linear_attn(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: CPContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linear attention (Katharopoulos et al., 2020), unnormalized: the state sums k vᵀ.
 
@@ -748,6 +750,10 @@ def chunk_linear_attn(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
+        cp_context: a CPContext (fla_gen.runtime.build_cp_context) when the packed batch is split over the
+            ranks of a process group: every per-token input is then this rank's slice [1, T_global / R, ...],
+            cu_seqlens comes from the context (pass None), initial_state and output_final_state are
+            refused, and every rank must call the op and run its backward (collectives).
 
     Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
     and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
@@ -760,11 +766,21 @@ def chunk_linear_attn(
     Raises:
         TypeError, ValueError: naming the argument, before any kernel is launched.
     """
+    if cp_context is not None:
+        return run_context_parallel(chunk_linear_attn, _CONTEXT_PARALLEL, cp_context, {
+            "q": q,
+            "k": k,
+            "v": v,
+            "scale": scale,
+        }, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     call = validate_call(
         "chunk_linear_attn", _ARGS, (q, k, v,),
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = call.K ** -0.5
     o, final_state, *_ = call_op(
@@ -772,3 +788,11 @@ def chunk_linear_attn(
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
     return o, final_state if output_final_state else None
+
+
+# Context parallelism (fla_gen/runtime/context_parallel.py): what its runner needs to know about this op.
+_CONTEXT_PARALLEL = ContextParallelOp(
+    "chunk_linear_attn", value_input='v', key_input="q",
+    per_token_inputs=('q', 'k', 'v'), position_arg=None,
+    plans=CHUNK_PLANS,
+)

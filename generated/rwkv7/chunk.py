@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -1077,6 +1078,7 @@ def chunk_rwkv7(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: CPContext | None = None,
     gate_lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RWKV-7 "Goose" (Peng et al., 2025): the DPLR recurrence read by the receptance r, with the log decay w per token and key channel and no output scaling, S_t = (diag(exp(w_t)) + b_t a_tᵀ) S_{t-1} + k_t v_tᵀ,  o_t = S_tᵀ r_t. The model sets a = -k̂ and b = k̂ η (k̂ the unit-norm key, η the in-context learning rate).
@@ -1099,6 +1101,10 @@ def chunk_rwkv7(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
+        cp_context: a CPContext (fla_gen.runtime.build_cp_context) when the packed batch is split over the
+            ranks of a process group: every per-token input is then this rank's slice [1, T_global / R, ...],
+            cu_seqlens comes from the context (pass None), initial_state and output_final_state are
+            refused, and every rank must call the op and run its backward (collectives).
         gate_lower_bound: a number every entry of w is known to be >= (e.g. -0.6065 for
             RWKV-7's -exp(-0.5) sigmoid(x) decay). A bound >= -5.06 selects the 32-token plan with
             tensor-core pairwise decays; otherwise the plan that is safe for any gate runs. Checked
@@ -1115,11 +1121,25 @@ def chunk_rwkv7(
     Raises:
         TypeError, ValueError: naming the argument, before any kernel is launched.
     """
+    if cp_context is not None:
+        return run_context_parallel(chunk_rwkv7, _CONTEXT_PARALLEL, cp_context, {
+            "r": r,
+            "w": w,
+            "k": k,
+            "v": v,
+            "a": a,
+            "b": b,
+            "scale": scale,
+            "gate_lower_bound": gate_lower_bound,
+        }, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     call = validate_call(
         "chunk_rwkv7", _ARGS, (r, w, k, v, a, b,),
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = 1
     validate_gate_lower_bound("chunk_rwkv7", gate_lower_bound)
@@ -1128,3 +1148,11 @@ def chunk_rwkv7(
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, gate_lower_bound,
     )
     return o, final_state if output_final_state else None
+
+
+# Context parallelism (fla_gen/runtime/context_parallel.py): what its runner needs to know about this op.
+_CONTEXT_PARALLEL = ContextParallelOp(
+    "chunk_rwkv7", value_input='v', key_input="r",
+    per_token_inputs=('r', 'w', 'k', 'v', 'a', 'b'), position_arg=None,
+    plans=CHUNK_PLANS,
+)

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -951,6 +952,7 @@ def chunk_simple_gla(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: CPContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Simple GLA / retention: one decay per token and head (Sun et al., 2023; Yang et al., 2023). g is a log-space gate per token (decay = exp(g)); g_gamma is a per-head constant log decay, e.g. retention's log(1 - 2 ** (-5 - h)). Either may be omitted (absent means 0).
 
@@ -971,6 +973,10 @@ def chunk_simple_gla(
         cu_seqlens: [N + 1] int32/int64 offsets of N packed sequences (B must be 1), as in
             FlashAttention; sequences never interact and may be empty.
         cu_seqlens_cpu: the same offsets on the CPU; pass them to avoid a device sync.
+        cp_context: a CPContext (fla_gen.runtime.build_cp_context) when the packed batch is split over the
+            ranks of a process group: every per-token input is then this rank's slice [1, T_global / R, ...],
+            cu_seqlens comes from the context (pass None), initial_state and output_final_state are
+            refused, and every rank must call the op and run its backward (collectives).
 
     Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
     and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are
@@ -983,11 +989,23 @@ def chunk_simple_gla(
     Raises:
         TypeError, ValueError: naming the argument, before any kernel is launched.
     """
+    if cp_context is not None:
+        return run_context_parallel(chunk_simple_gla, _CONTEXT_PARALLEL, cp_context, {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "g_gamma": g_gamma,
+            "scale": scale,
+        }, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     call = validate_call(
         "chunk_simple_gla", _ARGS, (q, k, v, g, g_gamma,),
         params=(("scale", scale), ), initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()  # the kernels index the state as a dense [N, H, K, V] array
     if scale is None:
         scale = call.K ** -0.5
     o, final_state, *_ = call_op(
@@ -995,3 +1013,11 @@ def chunk_simple_gla(
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
     )
     return o, final_state if output_final_state else None
+
+
+# Context parallelism (fla_gen/runtime/context_parallel.py): what its runner needs to know about this op.
+_CONTEXT_PARALLEL = ContextParallelOp(
+    "chunk_simple_gla", value_input='v', key_input="q",
+    per_token_inputs=('q', 'k', 'v', 'g'), position_arg=None,
+    plans=CHUNK_PLANS,
+)

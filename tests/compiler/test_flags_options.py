@@ -47,10 +47,10 @@ def test_flags_guard_transform_lines():
 
 
 def test_options_parse_to_python_values():
-    spec = checked("option state_v_first = false\noption cp_context = none\noption chunk_size = 64\n"
+    spec = checked("option state_v_first = false\noption chunk_indices = none\noption chunk_size = 64\n"
                    "option strict = true")
     assert [(o.name, o.value) for o in spec.options] == [
-        ("state_v_first", False), ("cp_context", None), ("chunk_size", 64.0), ("strict", True)]
+        ("state_v_first", False), ("chunk_indices", None), ("chunk_size", 64.0), ("strict", True)]
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -64,6 +64,7 @@ def test_options_parse_to_python_values():
     ("param norm: bool = false\ntransform q = l2norm(q) if norm\ntransform k = norm * k",
      "'norm' is a boolean param, not a value"),
     ("option initial_state = none", "an argument of every generated op"),
+    ("option cp_context = none", "'cp_context' is an argument of every generated op"),
     ("option mode = fast", "an option's value is true, false, none or a number"),
     ("option head_first = false\noption head_first = false", "'head_first' is declared twice"),
     ("option q = none", "'q' is declared twice"),

@@ -206,7 +206,7 @@ def test_decode_without_autograd_applies_every_flag_in_the_kernel(with_bias, gro
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 @pytest.mark.parametrize("name,value", [
     ("state_v_first", True), ("transpose_state_layout", True), ("head_first", True),
-    ("chunk_indices", torch.zeros(2, 2, dtype=torch.int64)), ("chunk_size", 32), ("cp_context", object()),
+    ("chunk_indices", torch.zeros(2, 2, dtype=torch.int64)), ("chunk_size", 32),
     ("gk", torch.zeros(B, T, H, K)), ("gv", torch.zeros(B, T, H, V)), ("chunk_size", True),
 ])
 def test_unsupported_fla_keywords_are_refused(mode, name, value):
