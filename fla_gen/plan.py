@@ -286,6 +286,8 @@ _CHANNEL_DELTA = Algorithm(
      # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
      KernelShape("bwd_dqkg", (), pipelined=False)),
     chunked=True)
+# every algorithm by name, the per-channel delta kernels included (fla_gen/tuned.py keys them by name)
+ALGORITHMS[_CHANNEL_DELTA.name] = _CHANNEL_DELTA
 
 
 class PlanError(ValueError):

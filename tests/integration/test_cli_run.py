@@ -32,8 +32,8 @@ def test_the_default_cases_run_every_kernel_at_small_sizes():
 
 
 def test_run_prints_a_line_per_stage_and_fails_over_tolerance(tmp_path, monkeypatch, capsys):
-    def fake_checks(pkg, rec, dtype, *, device, shape, long):
-        assert hasattr(pkg, "chunk_gla") and device == "cpu" and not long
+    def fake_checks(pkg, rec, dtype, *, device, shape, long, value_heads=None):
+        assert hasattr(pkg, "chunk_gla") and device == "cpu" and not long and value_heads is None
         yield CaseResult("chunk B=2 T=97", torch.float32, {"o": 1e-7, "final_state": 1e-7, "dq": 1e-7}, 1.0)
         yield CaseResult("fused_recurrent B=2 T=12", torch.float32, {"o": 1e-2, "final_state": 1e-7}, 1.0)
 
