@@ -372,6 +372,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered, groups_heads)
     inline_block, transform_block, transform_imports = _transform_block(lowered, transforms, inline)
+    cp_value_input, cp_refusal = context_parallel_values(lowered)
     ctx = dict(common)
     ctx.update({
         "public_name": public,
@@ -416,8 +417,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "has_rope": any(t.kind == "rope" for t in rec.spec.transforms),
         "host_repeats_heads": host_repeats_heads(lowered, algo),
         # context parallelism (chunk ops only): the values input, or why the op refuses it
-        "cp_value_input": context_parallel_values(lowered)[0],
-        "cp_refusal": context_parallel_values(lowered)[1],
+        "cp_value_input": cp_value_input,
+        "cp_refusal": cp_refusal,
         "per_token_inputs": [i.name for i in rec.spec.inputs if i.per_token],
     })
     # host scalars with exp or log (param defaults, the output's scale) call math.*
@@ -502,11 +503,10 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
     if t is None:
         return "", "", ""
     spec = lowered.rec.spec
-    outputs = ", ".join(f"_{n}" for n, _ in t.outputs)
+    outputs = _tuple_items([f"_{n}" for n, _ in t.outputs])
     args = ", ".join([n for n, _ in t.sources] + list(t.heads))
     offsets = "seqlen_offsets" if t.ropes else "0"
     rope = ", seqlen_offsets=seqlen_offsets" if t.ropes else ""
-    outputs += "," if len(t.outputs) == 1 else ""
     imports = [f"{t.op}_transforms"]
     inline_lines = []
     if inline is not None:
@@ -518,13 +518,10 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
                         for h in t.heads)
         flags = ""
         if inline.flags:
-            flags = ", transform_flags=(" + ", ".join(f"bool({f})" for f in inline.flags) + \
-                ("," if len(inline.flags) == 1 else "") + ")"
+            flags = f", transform_flags=({_tuple_items([f'bool({f})' for f in inline.flags])})"
         for i in spec.guarded_inputs:
             if i.optional:  # read by the kernel where its flag is on: zeros stand in for None
-                inline_lines += [f"if {i.guard} and {i.name} is None:",
-                                 f"    {i.name} = torch.zeros({_heads_count(i)}, dtype=torch.float32, "
-                                 f"device={key}.device)"]
+                inline_lines += [f"if {i.guard} and {i.name} is None:", f"    {i.name} = {_zeros(i, key)}"]
         inline_lines += [
             f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
@@ -536,33 +533,36 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
             "    return o, final_state",
         ]
         imports += [f"{t.op}_transform_args", "_rope_coefs"]
-    indent = "\n".join
     if not t.flags:
         lines = [f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"]
-        return (indent("    " + ln for ln in inline_lines), indent("    " + ln for ln in lines),
-                ", ".join(sorted(imports)))
-    flags = ", ".join(t.flags) + ("," if len(t.flags) == 1 else "")
-    body = []
-    for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
-        body += [f"if {i.name} is None:",
-                 f"    {i.name} = torch.zeros({_heads_count(i)}, dtype=torch.float32, device={t.sources[0][0]}.device)"]
-    body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, flags=({flags}))")
-    derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
-    if all(tr.guard for tr in spec.transforms) and not derived:
-        # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
-        slots = {s.arg: s for s in lowered.slots}
-        as_given = ", ".join(f"{slots[name].input}.contiguous()" for name, _ in t.outputs)
-        lines = [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
-            "else:", f"    {outputs} = {as_given}{',' if len(t.outputs) == 1 else ''}"]
     else:
-        lines = body
-    return (indent("    " + ln for ln in inline_lines), indent("    " + ln for ln in lines),
+        body = []
+        for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
+            body += [f"if {i.name} is None:", f"    {i.name} = {_zeros(i, t.sources[0][0])}"]
+        body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, "
+                    f"flags=({_tuple_items(t.flags)}))")
+        derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
+        if all(tr.guard for tr in spec.transforms) and not derived:
+            # every line is switched by a flag: with all of them off the inputs go to the recurrence as they are
+            slots = {s.arg: s for s in lowered.slots}
+            as_given = _tuple_items([f"{slots[name].input}.contiguous()" for name, _ in t.outputs])
+            lines = [f"if {' or '.join(t.flags)}:"] + ["    " + ln for ln in body] + [
+                "else:", f"    {outputs} = {as_given}"]
+        else:
+            lines = body
+    return ("\n".join("    " + ln for ln in inline_lines), "\n".join("    " + ln for ln in lines),
             ", ".join(sorted(imports)))
 
 
-def _heads_count(i: InputInfo) -> str:
-    """The public function's expression for the head count of per-head input ``i`` (H or HV)."""
-    return "call.HV" if i.heads is Heads.HV else "call.H"
+def _tuple_items(items: list[str] | tuple[str, ...]) -> str:
+    """Python code of a tuple's items: ``a, b``, or ``a,`` for one item."""
+    return ", ".join(items) + ("," if len(items) == 1 else "")
+
+
+def _zeros(i: InputInfo, like: str) -> str:
+    """Torch code of float32 zeros for per-head input ``i`` (H or HV heads), on the device of ``like``."""
+    heads = "call.HV" if i.heads is Heads.HV else "call.H"
+    return f"torch.zeros({heads}, dtype=torch.float32, device={like}.device)"
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
