@@ -75,19 +75,10 @@ def grads_of(fn, leaves: dict, keywords: tuple, **kwargs):
     return o, ht, {n: torch.zeros_like(x) if d is None else d for (n, x), d in zip(leaves.items(), grads, strict=True)}
 
 
-@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_gate_in_kernel_matches_reference(mode, with_bias):
-    """g raw and the gate from A_log (and dt_bias, or none: zeros), with every flag on; gradients of A_log and
-    dt_bias included."""
+def assert_op_and_gradients_match_reference(mode: str, x: dict, keywords: tuple, flags: dict) -> None:
+    """The op (outputs poisoned first) against the float64 reference on inputs ``x``: o, the final state and the
+    gradient of every input, by relative norm error."""
     pkg = generated(OP)
-    x = {**raw_inputs(seed=7), **gate_params(seed=7)}
-    if not with_bias:
-        del x["dt_bias"]
-    x["initial_state"] = torch.randn(B, H, K, V)
-    keywords = tuple(n for n in ("A_log", "dt_bias") if n in x)
-    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
-             "allow_neg_eigval": True}
     with poisoned_allocations():
         o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
                                                                x.items()}, keywords, **flags)
@@ -98,6 +89,21 @@ def test_gate_in_kernel_matches_reference(mode, with_bias):
     assert all(e <= tol_fwd for e in errors.values()), errors
     errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
     assert all(e <= tol_grad for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gate_in_kernel_matches_reference(mode, with_bias):
+    """g raw and the gate from A_log (and dt_bias, or none: zeros), with every flag on; gradients of A_log and
+    dt_bias included."""
+    x = {**raw_inputs(seed=7), **gate_params(seed=7)}
+    if not with_bias:
+        del x["dt_bias"]
+    x["initial_state"] = torch.randn(B, H, K, V)
+    keywords = tuple(n for n in ("A_log", "dt_bias") if n in x)
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
+             "allow_neg_eigval": True}
+    assert_op_and_gradients_match_reference(mode, x, keywords, flags)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
@@ -299,7 +305,6 @@ def test_guards_of_another_family_match_reference(tmp_path, rotate, gate):
 def test_grouped_gate_in_kernel_with_autograd(mode):
     """HV = 2H value heads with A_log and dt_bias on the value heads ([HV], as Qwen3-Next's layer holds them):
     outputs and every gradient against the float64 reference."""
-    pkg = generated(OP)
     gen = torch.Generator().manual_seed(21)
     HV = 2 * H
     x = {"q": torch.randn(B, T, H, K, generator=gen), "k": torch.randn(B, T, H, K, generator=gen),
@@ -307,14 +312,4 @@ def test_grouped_gate_in_kernel_with_autograd(mode):
          "beta": torch.randn(B, T, HV, generator=gen), "initial_state": torch.randn(B, HV, K, V, generator=gen),
          "A_log": torch.empty(HV).uniform_(-3.0, 0.0, generator=gen), "dt_bias": torch.randn(HV, generator=gen)}
     flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True}
-    keywords = ("A_log", "dt_bias")
-    with poisoned_allocations():
-        o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
-                                                               x.items()}, keywords, **flags)
-    o_r, ht_r, grads_r = grads_of(getattr(pkg, f"{OP}_reference"),
-                                  {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **flags)
-    tol_fwd, tol_grad = TOLERANCE[torch.float32]
-    errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
-    assert all(e <= tol_fwd for e in errors.values()), errors
-    errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
-    assert all(e <= tol_grad for e in errors.values()), errors
+    assert_op_and_gradients_match_reference(mode, x, ("A_log", "dt_bias"), flags)
