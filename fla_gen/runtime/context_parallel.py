@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from fla_gen.runtime.dispatch import plan_covers
 from fla_gen.runtime.plan_types import Plan
+from fla_gen.runtime.validate import check_cu_seqlens_values
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,7 @@ def check_global_cu_seqlens(bounds: Sequence[int], world_size: int) -> None:
     of ``world_size``."""
     if len(bounds) < 2:
         raise ValueError(f"build_cp_context: cu_seqlens needs at least 2 entries (one sequence), got {len(bounds)}")
-    if bounds[0] != 0:
-        raise ValueError(f"build_cp_context: cu_seqlens must start at 0, got {bounds[0]}")
-    for i in range(len(bounds) - 1):
-        if bounds[i + 1] < bounds[i]:
-            raise ValueError(f"build_cp_context: cu_seqlens must be non-decreasing, got {bounds[i]} then "
-                             f"{bounds[i + 1]} at positions {i}, {i + 1}")
+    check_cu_seqlens_values("build_cp_context", bounds, bounds[-1])  # starts at 0, never decreases
     if bounds[-1] <= 0 or bounds[-1] % world_size:
         raise ValueError(f"build_cp_context: the batch's {bounds[-1]} tokens (cu_seqlens[-1]) must be a positive "
                          f"multiple of the group size {world_size}: every rank holds an equal slice")
