@@ -56,6 +56,11 @@ SOURCES: dict[str, Source] = {
                          "N*H*(K/BK)*(V/BV) programs are fewer than the GPU's SMs (launch.state_walk_tiles)"),
     "split-whole-k": Source("rule, at run time: a whole-K walk's BV halves (to 16 at least) while its V/BV*N*H "
                             "programs fill at most half of the GPU's SMs (launch.whole_k_walk_block_v)"),
+    "split-sequence": Source("rule, at run time: while the N*H (sequence, head) walks, at V/32 programs each, are "
+                             "fewer than half the GPU's SMs, each sequence splits into segments of whole chunks (4 at "
+                             "least) until about two (segment, head) walks per SM: each segment's state from zero, "
+                             "all at once; a scan over the segments (this kernel); then the walks from every "
+                             "segment's entering state (fla_gen/runtime/segments.py)"),
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
@@ -211,6 +216,13 @@ SOURCES: dict[str, Source] = {
         "the state walk split at 1x16384x16x128: 64 -> 256 programs, fwd_h 0.403 -> 0.312 ms (the scalar-gated "
         "op), 0.503 "
         "-> 0.371 (the per-channel gated op)", _H100),
+    "h100-split-sequence": Source(
+        "the sequence split by segment length, ours alone in one process, do_bench medians (forward with autograd "
+        "on): linear_attn at 1x16384x16x128 0.301 ms unsplit, 0.217 at 16 chunks per segment (16 segments), 0.265 "
+        "at 8, 0.249 at 32; at 1x65536x16x128 1.168 unsplit, 0.714 at 16 segments, 0.750 at 32, 0.727 at 8; "
+        "simple_gla 0.332 -> 0.292 ms (1x16384) and 1.251 -> 1.075 (1x65536) at the rule's 16 and 61 chunks; "
+        "2x8192x8x256 (linear_attn, 128 programs unsplit) 0.229 ms unsplit against 0.315-0.741 split. The split "
+        "walk's kernels at 1x16384 (simple_gla): fwd_h from zero 0.061 ms, the scan 0.012, fwd_fused 0.204", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),

@@ -108,12 +108,13 @@ class KernelShape:
     # SMs idle: (rule id, id of its measurement), appended to the plan's sources (SMALL_GRID_SPLIT: K and V
     # tiles on the grid, launch.state_walk_tiles; WHOLE_K_GRID_SPLIT: a walk that keeps all of K,
     # launch.whole_k_walk_block_v).
-    small_grid_split: tuple[str, str] | None = None
+    small_grid_split: tuple[str, ...] | None = None
     # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
     gate_only: bool = False
 
 
 SMALL_GRID_SPLIT = ("split-walk", "h100-split-walk")
+SEGMENT_SPLIT = ("split-sequence", "h100-split-sequence")
 WHOLE_K_GRID_SPLIT = ("split-whole-k", "h100-split-whole-k")
 
 
@@ -127,6 +128,9 @@ class Algorithm:
     chunked: bool
     # A second plan table at this chunk size for calls that pass a gate lower bound (0: none).
     bounded_chunk_size: int = 0
+    # The state walks split long sequences into segments at run time (fla_gen/runtime/segments.py): the
+    # state transition over a stretch of tokens is a diagonal decay, so a scan joins the segments.
+    splits_sequences: bool = False
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
@@ -141,6 +145,8 @@ _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"
                            warps=(ArchRule("sm90", 8, "aot-wide-grads", (128, 256)),
                                   ArchRule("sm100", 8, "wide-grads-sm100", (128, 256))))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False, gate_only=True)
+# The scan over sequence segments: one [BK, BV] fp32 state tile loaded and stored per segment, in order.
+_SEGMENT_SCAN = KernelShape("segment_scan", (), pipelined=False, small_grid_split=SEGMENT_SPLIT)
 
 # The per-channel bwd_dv stages whole-chunk [BT, BT] products and sub-chunk operands: the tile model
 # underestimates them, so the caps measured by fla-gen aot bound the stage search.
@@ -202,7 +208,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         # The chunk-parallel kernels recompute the chunk-local gate cumsum (a [BT] scan); the sequential
         # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS), chunked=True),
+                  (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS, _SEGMENT_SCAN),
+                  chunked=True, splits_sequences=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
@@ -548,7 +555,7 @@ def _bounded_config(rules: tuple[BoundedRule, ...], arch: str, cfg: LaunchConfig
                    [cfg.source.split(",")[0], rule.source], why)
 
 
-def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> LaunchConfig:
+def _with_split(cfg: LaunchConfig, split: tuple[str, ...] | None, arch: str) -> LaunchConfig:
     """``cfg`` with a walk's run-time split rule (and its measurement, on the target it was measured on) cited."""
     if split is None:
         return cfg

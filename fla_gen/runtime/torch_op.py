@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from triton.runtime.jit import KernelInterface
 
 from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
+from fla_gen.runtime.segments import segment_tables
 from fla_gen.runtime.validate import check_cu_seqlens_values
 from fla_gen.runtime.varlen import prepare_chunk_indices
 
@@ -105,6 +106,23 @@ def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch
         return (cu_seqlens.new_empty(nt, 2, dtype=torch.int32), cu_seqlens.new_empty(N + 1, dtype=torch.int32))
     bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
     return prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device)
+
+
+def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
+                             chunk_size: int, q: torch.Tensor, V: int) -> tuple:
+    """``chunk_tables`` plus the call's sequence segments (fla_gen.runtime.segments; None when its sequences
+    are walked whole), for the chunked ops whose state walks split long sequences. ``q``: [B, T, H, K]; ``V``:
+    the value head dim."""
+    B, T, H = q.shape[0], q.shape[1], q.shape[2]
+    if cu_seqlens is None:
+        return None, None, segment_tables(B, T, H, V, chunk_size, None, None, q.device)
+    N = cu_seqlens.shape[0] - 1
+    if shapes_only():
+        chunk_indices, chunk_offsets = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
+        return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, None, q.device)
+    bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
+    chunk_indices, chunk_offsets = prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device)
+    return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, bounds, q.device)
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:

@@ -1085,21 +1085,24 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
+    walks = N
+    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
+        walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        gated_delta_rule_rope_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+        walk_final_state = final_state
+        gated_delta_rule_rope_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
             w,
             u,
             g_cum,
             o,
-            initial_state,
-            final_state,
-            cu_seqlens,
+            walk_initial_state,
+            walk_final_state,
+            walk_cu_seqlens,
             scale,
             T,
             H=H,
@@ -1109,9 +1112,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             BK=launch.whole_dim_tile(K),
             BV=BV,
             USE_G=g_cum is not None,
-            USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state,
-            IS_VARLEN=cu_seqlens is not None,
+            USE_INITIAL_STATE=walk_initial_state is not None,
+            STORE_FINAL_STATE=walk_final_state is not None,
+            IS_VARLEN=walk_cu_seqlens is not None,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

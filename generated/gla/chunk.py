@@ -632,21 +632,24 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
+    walks = N
+    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
+        walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        gla_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+        walk_final_state = final_state
+        gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
             v,
             G,
             A,
             o,
-            initial_state,
-            final_state,
-            cu_seqlens,
+            walk_initial_state,
+            walk_final_state,
+            walk_cu_seqlens,
             scale,
             T,
             H=H,
@@ -655,9 +658,9 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             BT=BT,
             BK=launch.whole_dim_tile(K),
             BV=BV,
-            USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state,
-            IS_VARLEN=cu_seqlens is not None,
+            USE_INITIAL_STATE=walk_initial_state is not None,
+            STORE_FINAL_STATE=walk_final_state is not None,
+            IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=dot_precision,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/linear_attn.fla`.
 """chunk_linear_attn: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_scalar_gate (linear_attn_fwd_h_kernel, linear_attn_fwd_o_kernel, linear_attn_fwd_fused_kernel, linear_attn_bwd_dh_kernel, linear_attn_bwd_dqkvg_kernel).
+Kernels: chunk_scalar_gate (linear_attn_fwd_h_kernel, linear_attn_fwd_o_kernel, linear_attn_fwd_fused_kernel, linear_attn_bwd_dh_kernel, linear_attn_bwd_dqkvg_kernel, linear_attn_segment_scan_kernel).
 """
 
 import torch
@@ -16,7 +16,7 @@ from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
     call_op,
-    chunk_tables,
+    chunk_and_segment_tables,
     define_op,
     forward_outputs,
 )
@@ -45,12 +45,15 @@ def linear_attn_fwd_h_kernel(
     BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
+    STORE_CHUNK_STATES: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (K block, V block, sequence * head) walks the chunks of its sequence in
     # order, with the [BK, BV] block of the state in fp32 registers, and stores the state at the
-    # start of every chunk (input dtype: it feeds tl.dot in the output / gradient kernels).
+    # start of every chunk (input dtype: it feeds tl.dot in the output / gradient kernels). A walk
+    # over sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state
+    #: STORE_CHUNK_STATES off.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -73,7 +76,8 @@ def linear_attn_fwd_h_kernel(
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i_t in range(0, NT):
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        if STORE_CHUNK_STATES:
+            tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         # k^T [BK, BT] is loaded transposed: it is the left operand of the state update.
@@ -241,12 +245,14 @@ def linear_attn_bwd_dh_kernel(
     BV: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
+    STORE_CHUNK_STATES: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (K block, V block, sequence * head) walks the chunks of its sequence
     # backwards with the [BK, BV] block of the state gradient in fp32 registers; dh[c] is the
-    # gradient w.r.t. the state at the END of chunk c (dht for the last chunk):
+    # gradient w.r.t. the state at the END of chunk c (dht for the last chunk; a walk over
+    # sequence segments from a zero gradient stores only what reaches the segment's start):
     # D_{c-1} = D_c + scale * sum_i q_i do_i^T.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
@@ -271,7 +277,8 @@ def linear_attn_bwd_dh_kernel(
         b_dh += tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        if STORE_CHUNK_STATES:
+            tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         p_qT = q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
@@ -421,38 +428,110 @@ def linear_attn_bwd_dqkvg_kernel(
         tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-def _chunk_fwd_h(
-    k,
-    v,
-    initial_state,
-    output_final_state,
-    cu_seqlens,
-    chunk_indices,
-    chunk_offsets,
-    plan,
+@triton.jit
+def linear_attn_segment_scan_kernel(
+    seg_state,
+    state_in,
+    seg_entry,
+    state_out,
+    first_segment,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_STATE_IN: tl.constexpr,
+    STORE_STATE_OUT: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
-    """States at the start of every chunk, and optionally the final state.
+    # One program per (K tile, V tile, sequence * head) walks the segments of its sequence, in order for the
+    # state and in reverse for its gradient, and stores what enters each segment:
+    #   entering(next) = entering + local,
+    # where local (seg_state) is the segment's walk from zero
+    #; what leaves the last one is the sequence's (state_out).
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    s_first = tl.load(first_segment + i_n)
+    n_seg = tl.load(first_segment + i_n + 1) - s_first
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_STATE_IN:
+        b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_seg):
+        if REVERSE:
+            i_s = s_first + n_seg - 1 - i
+        else:
+            i_s = s_first + i
+        o_s = i_s.to(tl.int64) * H + i_h
+        tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
+        b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
+    if STORE_STATE_OUT:
+        tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
+
+
+def _segment_scan(seg_state, state_in, store_state_out, segments, N, reverse, plan):
+    """What enters every segment, from each segment's walk from zero: the scan of
+    fla_gen/runtime/segments.py over each sequence's segments, in order (reverse=False: states) or in
+    reverse (reverse=True: state gradients).
 
     Args:
-        k: [B, T, H, K]; v: [B, T, H, V]
-        initial_state: [N, H, K, V] float32, or None
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start (its state gradient at
+            its start from a zero gradient at its end)
+        state_in: [N, H, K, V] float32, the initial state (the final state's gradient), or None
+        store_state_out: whether to return what leaves the last segment of each sequence
 
     Returns:
-        h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the
-            whole packed batch); final_state: [N, H, K, V] float32, or None.
+        seg_entry: [S, H, K, V] float32, the state entering each segment (the gradient at its end);
+        state_out: [N, H, K, V] float32 (the final state, or the initial state's gradient), or None.
     """
+    S, H, K, V = seg_state.shape
+    cfg = plan.config("segment_scan")
+    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
+                                     launch.split_sm_count(cfg, seg_state.device))
+    seg_entry = torch.empty_like(seg_state)
+    state_out = seg_state.new_empty(N, H, K, V) if store_state_out else None
+    linear_attn_segment_scan_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)](
+        seg_state,
+        state_in,
+        seg_entry,
+        state_out,
+        segments.first_segment,
+        H=H,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        USE_STATE_IN=state_in is not None,
+        STORE_STATE_OUT=store_state_out,
+        REVERSE=reverse,
+        num_warps=cfg.num_warps,
+    )
+    return seg_entry, state_out
+
+
+def _launch_fwd_h(
+    k,
+    v,
+    h,
+    initial_state,
+    final_state,
+    cu_seqlens,
+    chunk_offsets,
+    walks,
+    plan,
+):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'):
+    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_h")
-    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
-                                     launch.split_sm_count(cfg, k.device))
-    h = k.new_empty(B, NT, H, K, V)
-    final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
-    linear_attn_fwd_h_kernel[grid](
+    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V,
+                                     walks * H, launch.split_sm_count(cfg, k.device))
+    linear_attn_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
         k,
         v,
         h,
@@ -464,17 +543,82 @@ def _chunk_fwd_h(
         H=H,
         K=K,
         V=V,
-        BT=BT,
+        BT=plan.chunk_size,
         BK=BK,
         BV=BV,
         USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state,
+        STORE_FINAL_STATE=final_state is not None,
+        STORE_CHUNK_STATES=h is not None,
         IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return h, final_state
+
+
+def _segment_entry_states(
+    k,
+    v,
+    initial_state,
+    output_final_state,
+    segments,
+    N,
+    plan,
+):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: [S, H] float32, each segment's total log gate (None without a gate): the backward's scan reuses it.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
+    seg_gate = None
+    _launch_fwd_h(k, v, None, None, seg_state, segments.cu_seqlens,
+                  segments.chunk_offsets, segments.count, plan)
+    seg_entry, final_state = _segment_scan(seg_state, initial_state, output_final_state, segments, N,
+                                           False, plan)
+    return seg_entry, final_state, seg_gate
+
+
+def _chunk_fwd_h(
+    k,
+    v,
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    segments,
+    plan,
+):
+    """States at the start of every chunk, and optionally the final state.
+
+    Args:
+        k: [B, T, H, K]; v: [B, T, H, V]
+        initial_state: [N, H, K, V] float32, or None
+        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None
+
+    Returns:
+        h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the
+            whole packed batch); final_state: [N, H, K, V] float32, or None; seg_gate: each segment's
+            total log gate [S, H] float32, or None.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    h = k.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
+    if segments is None:
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(k, v, h, initial_state, final_state, cu_seqlens, chunk_offsets, N, plan)
+        return h, final_state, None
+    seg_entry, final_state, seg_gate = _segment_entry_states(
+        k, v, initial_state, output_final_state, segments, N, plan)
+    _launch_fwd_h(k, v, h, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, plan)
+    return h, final_state, seg_gate
 
 
 def chunk_fwd(
@@ -487,6 +631,7 @@ def chunk_fwd(
     cu_seqlens,
     chunk_indices,
     chunk_offsets,
+    segments,
     plan,
 ):
     """Chunked forward: 2 kernels (per-chunk states, then outputs).
@@ -498,7 +643,9 @@ def chunk_fwd(
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and
             chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_fused, or fwd_h and fwd_o).
+        segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
+            the states entering them come first (a walk from zero per segment, and a scan).
+        plan: the Plan (stages fwd_fused, or fwd_h and fwd_o; segment_scan).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -509,19 +656,26 @@ def chunk_fwd(
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
+    walks = N if segments is None else segments.count
+    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
-        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        linear_attn_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+        if segments is None:
+            walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+            walk_final_state = final_state
+        else:
+            walk_initial_state, final_state, _ = _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan)
+            walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+        linear_attn_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
             v,
             o,
-            initial_state,
-            final_state,
-            cu_seqlens,
+            walk_initial_state,
+            walk_final_state,
+            walk_cu_seqlens,
             scale,
             T,
             H=H,
@@ -530,15 +684,15 @@ def chunk_fwd(
             BT=BT,
             BK=launch.whole_dim_tile(K),
             BV=BV,
-            USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state,
-            IS_VARLEN=cu_seqlens is not None,
+            USE_INITIAL_STATE=walk_initial_state is not None,
+            STORE_FINAL_STATE=walk_final_state is not None,
+            IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=launch.dot_precision(k.dtype),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    h, final_state = _chunk_fwd_h(
+    h, final_state, _ = _chunk_fwd_h(
         k,
         v,
         initial_state,
@@ -546,6 +700,7 @@ def chunk_fwd(
         cu_seqlens,
         chunk_indices,
         chunk_offsets,
+        segments,
         plan,
     )
     cfg = plan.config("fwd_o")
@@ -576,51 +731,14 @@ def chunk_fwd(
     return o, final_state, ()
 
 
-def chunk_bwd(
-    q,
-    k,
-    v,
-    saved,
-    scale,
-    initial_state,
-    do,
-    dht,
-    cu_seqlens,
-    chunk_indices,
-    chunk_offsets,
-    plan,
-):
-    """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv).
-
-    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V]
-        float32 or None (gradient of the final state). Plan stages: fwd_h, bwd_dh, bwd_dqkvg.
-
-    Returns:
-        dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
-        dh0: [N, H, K, V] float32, or None when initial_state is None.
-    """
+def _launch_bwd_dh(q, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
+    """The state-gradient walk over ``walks`` sequences (the call's, or its segments'): dh [B, NT, H, K, V]
+    (None: not stored), dht / dh0 [walks, H, K, V] float32 or None."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = launch.num_chunks(T, BT, chunk_indices)
-    h, _ = _chunk_fwd_h(
-        k,
-        v,
-        initial_state,
-        False,
-        cu_seqlens,
-        chunk_indices,
-        chunk_offsets,
-        plan,
-    )
-
+    V = do.shape[-1]
     cfg = plan.config("bwd_dh")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    dh = q.new_empty(B, NT, H, K, V)
-    dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
-    linear_attn_bwd_dh_kernel[grid](
+    linear_attn_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
         q,
         do,
         dh,
@@ -633,16 +751,74 @@ def chunk_bwd(
         H=H,
         K=K,
         V=V,
-        BT=BT,
+        BT=plan.chunk_size,
         BK=BK,
         BV=BV,
         USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
+        STORE_CHUNK_STATES=dh is not None,
         IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(k.dtype),
+        DOT_PRECISION=launch.dot_precision(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+
+
+def chunk_bwd(
+    q,
+    k,
+    v,
+    saved,
+    scale,
+    initial_state,
+    do,
+    dht,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    segments,
+    plan,
+):
+    """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv).
+
+    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V]
+        float32 or None (gradient of the final state). Plan stages: fwd_h, bwd_dh, bwd_dqkvg
+        and, with segments, segment_scan (both walks then run per segment, after a walk from zero and a scan).
+
+    Returns:
+        dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
+        dh0: [N, H, K, V] float32, or None when initial_state is None.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT = plan.chunk_size
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    h, _, seg_gate = _chunk_fwd_h(
+        k,
+        v,
+        initial_state,
+        False,
+        cu_seqlens,
+        chunk_indices,
+        chunk_offsets,
+        segments,
+        plan,
+    )
+
+    dh = q.new_empty(B, NT, H, K, V)
+    if segments is None:
+        dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
+        _launch_bwd_dh(q, do, dh, dht, dh0, cu_seqlens, chunk_offsets, N, scale, plan)
+    else:
+        # what each segment's chunks send back to its start, from a zero gradient at its end; then the scan
+        # in reverse gives the gradient at every segment's end, and the walk stores the per-chunk ones.
+        seg_dstate = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
+        _launch_bwd_dh(q, do, None, None, seg_dstate, segments.cu_seqlens, segments.chunk_offsets,
+                       segments.count, scale, plan)
+        seg_dht, dh0 = _segment_scan(seg_dstate, dht, initial_state is not None, segments, N, True, plan)
+        _launch_bwd_dh(q, do, dh, seg_dht, None, segments.cu_seqlens, segments.chunk_offsets,
+                       segments.count, scale, plan)
 
     cfg = plan.config("bwd_dqkvg")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -686,10 +862,10 @@ def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, c
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     o, final_state, saved = chunk_fwd(
         q, k, v, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -697,10 +873,10 @@ def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, c
 def _op_backward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_linear_attn_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     grads = chunk_bwd(
         q, k, v, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return backward_outputs(grads, (q, k, v, initial_state))
 

@@ -16,6 +16,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -23,6 +24,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -30,6 +32,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -37,6 +40,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -44,6 +48,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -51,6 +56,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -58,6 +64,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -65,6 +72,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -72,6 +80,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
@@ -79,6 +88,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
@@ -86,6 +96,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 256): Plan("sm86", "fp32", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
@@ -93,6 +104,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -100,6 +112,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 32, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -107,6 +120,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 64, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -114,6 +128,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 64, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 4, source="h100-walk-4-stages,split-walk,h100-split-walk")),
@@ -121,6 +136,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 32, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 4, source="h100-walk-4-stages")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -128,6 +144,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 64, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -135,6 +152,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 64, 4, 2, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -142,6 +160,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-no-fit")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -149,6 +168,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -156,6 +176,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -163,6 +184,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -170,6 +192,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -177,6 +200,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
@@ -184,6 +208,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/simple_gla.fla`.
 """chunk_simple_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_scalar_gate (simple_gla_cumsum_kernel, simple_gla_fwd_h_kernel, simple_gla_fwd_o_kernel, simple_gla_fwd_fused_kernel, simple_gla_bwd_dh_kernel, simple_gla_bwd_dqkvg_kernel).
+Kernels: chunk_scalar_gate (simple_gla_cumsum_kernel, simple_gla_fwd_h_kernel, simple_gla_fwd_o_kernel, simple_gla_fwd_fused_kernel, simple_gla_bwd_dh_kernel, simple_gla_bwd_dqkvg_kernel, simple_gla_segment_scan_kernel).
 """
 
 import torch
@@ -16,7 +16,7 @@ from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
     call_op,
-    chunk_tables,
+    chunk_and_segment_tables,
     define_op,
     forward_outputs,
 )
@@ -76,6 +76,7 @@ def simple_gla_fwd_h_kernel(
     h,
     h0,
     ht,
+    gate_total,
     cu_seqlens,
     chunk_offsets,
     T,
@@ -88,12 +89,16 @@ def simple_gla_fwd_h_kernel(
     USE_G: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
+    STORE_CHUNK_STATES: tl.constexpr,
+    STORE_TOTAL_GATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (K block, V block, sequence * head) walks the chunks of its sequence in
     # order, with the [BK, BV] block of the state in fp32 registers, and stores the state at the
-    # start of every chunk (input dtype: it feeds tl.dot in the output / gradient kernels).
+    # start of every chunk (input dtype: it feeds tl.dot in the output / gradient kernels). A walk
+    # over sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state
+    # and its total log gate: STORE_CHUNK_STATES off.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -115,8 +120,10 @@ def simple_gla_fwd_h_kernel(
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    b_gate_total = 0.0
     for i_t in range(0, NT):
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
+        if STORE_CHUNK_STATES:
+            tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         # k^T [BK, BT] is loaded transposed: it is the left operand of the state update.
@@ -133,9 +140,13 @@ def simple_gla_fwd_h_kernel(
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_j^T; exp(G_L - G_j) <= 1 for gates <= 0.0
         b_v = (b_v * tl.exp(b_GL - b_G)[:, None]).to(b_v.dtype)
         b_h *= tl.exp(b_GL)
+        b_gate_total += b_GL
         b_h = tl.dot(b_kT, b_v, b_h, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
+    if STORE_TOTAL_GATE:
+        # the same value in every tile's program: the first one stores it
+        tl.store(gate_total + i_nh, b_gate_total, mask=(i_k == 0) & (i_v == 0))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -330,12 +341,14 @@ def simple_gla_bwd_dh_kernel(
     USE_G: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
+    STORE_CHUNK_STATES: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (K block, V block, sequence * head) walks the chunks of its sequence
     # backwards with the [BK, BV] block of the state gradient in fp32 registers; dh[c] is the
-    # gradient w.r.t. the state at the END of chunk c (dht for the last chunk):
+    # gradient w.r.t. the state at the END of chunk c (dht for the last chunk; a walk over
+    # sequence segments from a zero gradient stores only what reaches the segment's start):
     # D_{c-1} = exp(G_L) D_c + scale * sum_i exp(G_i) q_i do_i^T.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
@@ -360,7 +373,8 @@ def simple_gla_bwd_dh_kernel(
         b_dh += tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        if STORE_CHUNK_STATES:
+            tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         p_qT = q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
@@ -570,6 +584,55 @@ def simple_gla_bwd_dqkvg_kernel(
         tl.store(dg_gamma_chunk + i_hc * H + i_h + tl.arange(0, 1), b_dgamma)
 
 
+@triton.jit
+def simple_gla_segment_scan_kernel(
+    seg_state,
+    seg_gate,
+    state_in,
+    seg_entry,
+    state_out,
+    first_segment,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_G: tl.constexpr,
+    USE_STATE_IN: tl.constexpr,
+    STORE_STATE_OUT: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    # One program per (K tile, V tile, sequence * head) walks the segments of its sequence, in order for the
+    # state and in reverse for its gradient, and stores what enters each segment:
+    #   entering(next) = exp(gate) * entering + local,
+    # where local (seg_state) is the segment's walk from zero and gate its total log gate
+    #; what leaves the last one is the sequence's (state_out).
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    s_first = tl.load(first_segment + i_n)
+    n_seg = tl.load(first_segment + i_n + 1) - s_first
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_STATE_IN:
+        b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_seg):
+        if REVERSE:
+            i_s = s_first + n_seg - 1 - i
+        else:
+            i_s = s_first + i
+        o_s = i_s.to(tl.int64) * H + i_h
+        tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
+        if USE_G:
+            b_s *= tl.exp(tl.load(seg_gate + o_s))
+        b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
+    if STORE_STATE_OUT:
+        tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
+
+
 def _chunk_cumsum(
     g,
     g_gamma,
@@ -605,6 +668,126 @@ def _chunk_cumsum(
     return g_cum
 
 
+def _segment_scan(seg_state, seg_gate, state_in, store_state_out, segments, N, reverse, plan):
+    """What enters every segment, from each segment's walk from zero: the scan of
+    fla_gen/runtime/segments.py over each sequence's segments, in order (reverse=False: states) or in
+    reverse (reverse=True: state gradients).
+
+    Args:
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start (its state gradient at
+            its start from a zero gradient at its end)
+        seg_gate: [S, H] float32, each segment's total log gate, or None
+        state_in: [N, H, K, V] float32, the initial state (the final state's gradient), or None
+        store_state_out: whether to return what leaves the last segment of each sequence
+
+    Returns:
+        seg_entry: [S, H, K, V] float32, the state entering each segment (the gradient at its end);
+        state_out: [N, H, K, V] float32 (the final state, or the initial state's gradient), or None.
+    """
+    S, H, K, V = seg_state.shape
+    cfg = plan.config("segment_scan")
+    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
+                                     launch.split_sm_count(cfg, seg_state.device))
+    seg_entry = torch.empty_like(seg_state)
+    state_out = seg_state.new_empty(N, H, K, V) if store_state_out else None
+    simple_gla_segment_scan_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)](
+        seg_state,
+        seg_gate,
+        state_in,
+        seg_entry,
+        state_out,
+        segments.first_segment,
+        H=H,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        USE_G=seg_gate is not None,
+        USE_STATE_IN=state_in is not None,
+        STORE_STATE_OUT=store_state_out,
+        REVERSE=reverse,
+        num_warps=cfg.num_warps,
+    )
+    return seg_entry, state_out
+
+
+def _launch_fwd_h(
+    k,
+    v,
+    g_cum,
+    h,
+    initial_state,
+    final_state,
+    gate_total,
+    cu_seqlens,
+    chunk_offsets,
+    walks,
+    plan,
+):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'):
+    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None, gate_total [walks, H] float32 or None."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    cfg = plan.config("fwd_h")
+    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V,
+                                     walks * H, launch.split_sm_count(cfg, k.device))
+    simple_gla_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
+        k,
+        v,
+        g_cum,
+        h,
+        initial_state,
+        final_state,
+        gate_total,
+        cu_seqlens,
+        chunk_offsets,
+        T,
+        H=H,
+        K=K,
+        V=V,
+        BT=plan.chunk_size,
+        BK=BK,
+        BV=BV,
+        USE_G=g_cum is not None,
+        USE_INITIAL_STATE=initial_state is not None,
+        STORE_FINAL_STATE=final_state is not None,
+        STORE_CHUNK_STATES=h is not None,
+        STORE_TOTAL_GATE=gate_total is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(k.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def _segment_entry_states(
+    k,
+    v,
+    g_cum,
+    initial_state,
+    output_final_state,
+    segments,
+    N,
+    plan,
+):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: [S, H] float32, each segment's total log gate (None without a gate): the backward's scan reuses it.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
+    seg_gate = None if g_cum is None else k.new_empty(segments.count, H, dtype=torch.float32)
+    _launch_fwd_h(k, v, g_cum, None, None, seg_state, seg_gate, segments.cu_seqlens,
+                  segments.chunk_offsets, segments.count, plan)
+    seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
+                                           False, plan)
+    return seg_entry, final_state, seg_gate
+
+
 def _chunk_fwd_h(
     k,
     v,
@@ -614,6 +797,7 @@ def _chunk_fwd_h(
     cu_seqlens,
     chunk_indices,
     chunk_offsets,
+    segments,
     plan,
 ):
     """States at the start of every chunk, and optionally the final state.
@@ -622,47 +806,26 @@ def _chunk_fwd_h(
         k: [B, T, H, K]; v: [B, T, H, V]
         g_cum: [B, T, H] float32, the chunk-local cumulative log gate (_chunk_cumsum), or None
         initial_state: [N, H, K, V] float32, or None
+        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the
-            whole packed batch); final_state: [N, H, K, V] float32, or None.
+            whole packed batch); final_state: [N, H, K, V] float32, or None; seg_gate: each segment's
+            total log gate [S, H] float32, or None.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = launch.num_chunks(T, BT, chunk_indices)
-    cfg = plan.config("fwd_h")
-    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
-                                     launch.split_sm_count(cfg, k.device))
-    h = k.new_empty(B, NT, H, K, V)
-    final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
-    simple_gla_fwd_h_kernel[grid](
-        k,
-        v,
-        g_cum,
-        h,
-        initial_state,
-        final_state,
-        cu_seqlens,
-        chunk_offsets,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        USE_G=g_cum is not None,
-        USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state,
-        IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(k.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return h, final_state
+    h = k.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
+    if segments is None:
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(k, v, g_cum, h, initial_state, final_state, None, cu_seqlens, chunk_offsets, N, plan)
+        return h, final_state, None
+    seg_entry, final_state, seg_gate = _segment_entry_states(
+        k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+    _launch_fwd_h(k, v, g_cum, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, plan)
+    return h, final_state, seg_gate
 
 
 def chunk_fwd(
@@ -677,6 +840,7 @@ def chunk_fwd(
     cu_seqlens,
     chunk_indices,
     chunk_offsets,
+    segments,
     plan,
 ):
     """Chunked forward: 3 kernels (the cumulative gate, per-chunk states, then outputs).
@@ -690,7 +854,9 @@ def chunk_fwd(
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and
             chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages cumsum, fwd_fused, or fwd_h and fwd_o).
+        segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
+            the states entering them come first (a walk from zero per segment, and a scan).
+        plan: the Plan (stages cumsum, fwd_fused, or fwd_h and fwd_o; segment_scan).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -702,20 +868,27 @@ def chunk_fwd(
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
-    BV = launch.fused_walk_tile(plan, V, N * H, k.device)
+    walks = N if segments is None else segments.count
+    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
-        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        simple_gla_fwd_fused_kernel[(launch.cdiv(V, BV), N * H)](
+        if segments is None:
+            walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+            walk_final_state = final_state
+        else:
+            walk_initial_state, final_state, _ = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+            walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+        simple_gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
             v,
             g_cum,
             o,
-            initial_state,
-            final_state,
-            cu_seqlens,
+            walk_initial_state,
+            walk_final_state,
+            walk_cu_seqlens,
             scale,
             T,
             H=H,
@@ -725,15 +898,15 @@ def chunk_fwd(
             BK=launch.whole_dim_tile(K),
             BV=BV,
             USE_G=g_cum is not None,
-            USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state,
-            IS_VARLEN=cu_seqlens is not None,
+            USE_INITIAL_STATE=walk_initial_state is not None,
+            STORE_FINAL_STATE=walk_final_state is not None,
+            IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=launch.dot_precision(k.dtype),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    h, final_state = _chunk_fwd_h(
+    h, final_state, _ = _chunk_fwd_h(
         k,
         v,
         g_cum,
@@ -742,6 +915,7 @@ def chunk_fwd(
         cu_seqlens,
         chunk_indices,
         chunk_offsets,
+        segments,
         plan,
     )
     cfg = plan.config("fwd_o")
@@ -776,6 +950,41 @@ def chunk_fwd(
     return o, final_state, ()
 
 
+def _launch_bwd_dh(q, do, g_cum, dh, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
+    """The state-gradient walk over ``walks`` sequences (the call's, or its segments'): dh [B, NT, H, K, V]
+    (None: not stored), dht / dh0 [walks, H, K, V] float32 or None."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    cfg = plan.config("bwd_dh")
+    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
+    simple_gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
+        q,
+        do,
+        g_cum,
+        dh,
+        dht,
+        dh0,
+        cu_seqlens,
+        chunk_offsets,
+        scale,
+        T,
+        H=H,
+        K=K,
+        V=V,
+        BT=plan.chunk_size,
+        BK=BK,
+        BV=BV,
+        USE_G=g_cum is not None,
+        USE_FINAL_STATE_GRADIENT=dht is not None,
+        STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
+        STORE_CHUNK_STATES=dh is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
 def chunk_bwd(
     q,
     k,
@@ -790,12 +999,14 @@ def chunk_bwd(
     cu_seqlens,
     chunk_indices,
     chunk_offsets,
+    segments,
     plan,
 ):
     """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv/dg).
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V]
-        float32 or None (gradient of the final state). Plan stages: cumsum, fwd_h, bwd_dh, bwd_dqkvg.
+        float32 or None (gradient of the final state). Plan stages: cumsum, fwd_h, bwd_dh, bwd_dqkvg
+        and, with segments, segment_scan (both walks then run per segment, after a walk from zero and a scan).
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -809,7 +1020,7 @@ def chunk_bwd(
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
-    h, _ = _chunk_fwd_h(
+    h, _, seg_gate = _chunk_fwd_h(
         k,
         v,
         g_cum,
@@ -818,39 +1029,23 @@ def chunk_bwd(
         cu_seqlens,
         chunk_indices,
         chunk_offsets,
+        segments,
         plan,
     )
 
-    cfg = plan.config("bwd_dh")
-    BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     dh = q.new_empty(B, NT, H, K, V)
-    dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
-    simple_gla_bwd_dh_kernel[grid](
-        q,
-        do,
-        g_cum,
-        dh,
-        dht,
-        dh0,
-        cu_seqlens,
-        chunk_offsets,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        USE_G=g_cum is not None,
-        USE_FINAL_STATE_GRADIENT=dht is not None,
-        STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
-        IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(k.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    if segments is None:
+        dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
+        _launch_bwd_dh(q, do, g_cum, dh, dht, dh0, cu_seqlens, chunk_offsets, N, scale, plan)
+    else:
+        # what each segment's chunks send back to its start, from a zero gradient at its end; then the scan
+        # in reverse gives the gradient at every segment's end, and the walk stores the per-chunk ones.
+        seg_dstate = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
+        _launch_bwd_dh(q, do, g_cum, None, None, seg_dstate, segments.cu_seqlens, segments.chunk_offsets,
+                       segments.count, scale, plan)
+        seg_dht, dh0 = _segment_scan(seg_dstate, seg_gate, dht, initial_state is not None, segments, N, True, plan)
+        _launch_bwd_dh(q, do, g_cum, dh, seg_dht, None, segments.cu_seqlens, segments.chunk_offsets,
+                       segments.count, scale, plan)
 
     cfg = plan.config("bwd_dqkvg")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -903,10 +1098,10 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     o, final_state, saved = chunk_fwd(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -914,10 +1109,10 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
 def _op_backward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_simple_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     grads = chunk_bwd(
         q, k, v, g, g_gamma, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return backward_outputs(grads, (q, k, v, g, g_gamma, initial_state))
 

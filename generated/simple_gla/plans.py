@@ -17,6 +17,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -25,6 +26,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -33,6 +35,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -41,6 +44,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -49,6 +53,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -57,6 +62,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -65,6 +71,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -73,6 +80,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -81,6 +89,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -89,6 +98,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -97,6 +107,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 256): Plan("sm86", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -105,6 +116,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(32, 32, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -113,6 +125,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -121,6 +134,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -129,6 +143,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 32, 4, 3, min_sm_share=1.9, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -137,6 +152,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 4, source="h100-walk-4-stages")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -145,6 +161,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -153,6 +170,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 32, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -161,6 +179,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -169,6 +188,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -177,6 +197,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -185,6 +206,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -193,6 +215,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -201,6 +224,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -209,6 +233,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

@@ -1,0 +1,168 @@
+"""Sequence segments: a long sequence's chunk walk split into pieces that run side by side.
+
+The sequential kernels (the state walks fwd_h, fwd_fused, bwd_dh) run one program per (sequence, head, tile)
+over every chunk of the sequence. With few sequences and heads (B * H = 16 at B = 1) that grid leaves most SMs
+idle for the whole walk. A recurrence whose state transition over a stretch of tokens is a diagonal decay
+(linear attention, scalar and per-key-channel gates) splits each sequence into segments of whole chunks:
+
+1. each segment's state from a zero start, and its total log gate, all segments at once (the walk kernel in
+   segment mode, with no per-chunk stores);
+2. a scan over each sequence's segments: entering(s + 1) = exp(gate(s)) * entering(s) + local(s), started at
+   the initial state; the last one is the final state (the segment_scan kernel);
+3. the walk again, every segment from its entering state, writing what the call needs (outputs, or the
+   per-chunk states), all segments at once.
+
+The backward runs the same three steps in reverse for the state gradient. Segments are whole chunks, so the
+chunk numbering (the per-chunk states h[chunk], the chunk-parallel kernels) is the unsplit call's: a segment
+is a packed sequence of the segment-mode walk, and only the walks see segments.
+
+Nothing here reads a tensor's values on the device: the tables come from shapes, or from the CPU copy of
+``cu_seqlens`` that the chunk tables already need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fla_gen.runtime.launch import cdiv, sm_count
+
+# A segment has at least this many chunks: shorter ones spend more on the scan and the extra walk than
+# the parallel walk saves.
+SEGMENT_MIN_CHUNKS = 4
+# The narrowest V tile a walk takes to make programs (launch.FUSED_WALK_MIN_BLOCK_V, launch.STATE_WALK_MIN_TILE):
+# one (sequence, head) walk is at most V / 32 programs.
+WALK_MIN_BLOCK_V = 32
+# Measured on the H100 (bf16, linear_attn's forward, fla_gen/measurements.py h100-split-sequence): the split
+# pays while the unsplit walks, at their narrowest tiles, make fewer programs than half the SMs (1x16384x16x128:
+# 64 programs, 0.301 -> 0.217 ms), not above (2x8192x8x256: 128 programs, 0.229 ms unsplit, 0.233-0.741 split),
+# and is fastest with about two (segment, head) walks per SM: 16 segments at H = 16 both at T = 16384 and
+# at T = 65536 (1.168 -> 0.714 ms), against 0.265 / 0.750 ms with twice as many and 0.249 / 0.727 with half.
+SPLIT_BELOW_SM_SHARE = 0.5
+SEGMENT_WALKS_PER_SM = 2.0
+
+
+@dataclass(frozen=True)
+class SegmentTables:
+    """The segments of one call, as the segment-mode kernels index them.
+
+    ``cu_seqlens``: [S + 1] int32, the token bounds of every segment in the flattened [B * T] tokens (a
+    segment is a packed sequence of the segment-mode walks); ``chunk_offsets``: [S + 1] int32, the first
+    chunk of each segment in the call's chunk numbering; ``first_segment``: [N + 1] int32, the first segment
+    of each sequence (the scan's bounds); ``count``: S; ``chunks``: chunks per segment (the last segment of
+    a sequence may have fewer).
+    """
+
+    cu_seqlens: torch.Tensor
+    chunk_offsets: torch.Tensor
+    first_segment: torch.Tensor
+    count: int
+    chunks: int
+
+
+_forced_segment_chunks: int | None = None
+
+
+@contextlib.contextmanager
+def forced_segment_chunks(chunks: int) -> Iterator[None]:
+    """Split every call's sequences into segments of ``chunks`` chunks (0: never split), whatever the
+    rule says: interpreter tests of the segment path, and GPU sweeps of the segment length."""
+    global _forced_segment_chunks
+    if chunks < 0:
+        raise ValueError(f"forced_segment_chunks: chunks must be >= 0, got {chunks}")
+    previous, _forced_segment_chunks = _forced_segment_chunks, chunks
+    try:
+        yield
+    finally:
+        _forced_segment_chunks = previous
+
+
+def plan_segment_chunks(total_chunks: int, longest_chunks: int, walks: int, heads: int, V: int, sms: int) -> int:
+    """Chunks per segment for a call, or 0 to walk whole sequences.
+
+    ``total_chunks``: chunks of all sequences; ``longest_chunks``: of the longest one; ``walks``: sequences
+    times heads (N * H); ``heads``: H; ``V``: the value head dim; ``sms``: the GPU's SM count (0 on the CPU:
+    no split). A walk makes at most V / WALK_MIN_BLOCK_V programs; while the walks make fewer than
+    SPLIT_BELOW_SM_SHARE * ``sms`` that way, the sequences split into equal segments, as many as give
+    SEGMENT_WALKS_PER_SM (segment, head) walks per SM over all sequences, of SEGMENT_MIN_CHUNKS chunks at
+    least, and only if the longest sequence then has two segments or more.
+    """
+    if _forced_segment_chunks is not None:
+        return _forced_segment_chunks if 0 < _forced_segment_chunks < longest_chunks else 0
+    if sms <= 0 or walks * cdiv(V, WALK_MIN_BLOCK_V) >= SPLIT_BELOW_SM_SHARE * sms:
+        return 0
+    segments = cdiv(int(SEGMENT_WALKS_PER_SM * sms), heads)
+    chunks = max(SEGMENT_MIN_CHUNKS, cdiv(total_chunks, segments))
+    return chunks if chunks < longest_chunks else 0
+
+
+def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(segment token bounds [S + 1], first chunk of each segment [S + 1], first segment of each sequence
+    [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""
+    lengths = bounds[1:] - bounds[:-1]
+    seq_chunks = (lengths + chunk_size - 1) // chunk_size
+    seq_segments = (seq_chunks + chunks - 1) // chunks
+    first_segment = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(seq_segments, out=first_segment[1:])
+    first_chunk = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(seq_chunks, out=first_chunk[1:])
+    seq = np.repeat(np.arange(len(lengths)), seq_segments)
+    within = np.arange(first_segment[-1]) - first_segment[:-1][seq]
+    starts = bounds[:-1][seq] + within * chunks * chunk_size
+    seg_bounds = np.append(starts, bounds[-1]) if len(starts) else bounds[:1].copy()
+    seg_chunks = np.append(first_chunk[:-1][seq] + within * chunks, first_chunk[-1])
+    return seg_bounds, seg_chunks, first_segment
+
+
+def _to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    tensors = tuple(torch.from_numpy(a.astype(np.int32)) for a in arrays)
+    if device.type == "cuda":
+        # pinned memory makes the copies asynchronous: no host-device sync on the hot path
+        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+    return tuple(t.to(device) for t in tensors)
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_tables(B: int, T: int, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
+    arrays = _tables(np.arange(B + 1, dtype=np.int64) * T, chunk_size, chunks)
+    cu, offsets, first = _to_device(arrays, device)
+    return SegmentTables(cu, offsets, first, int(arrays[0].shape[0]) - 1, chunks)
+
+
+def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequences: int | None,
+                   bounds: torch.Tensor | None, device: torch.device) -> SegmentTables | None:
+    """The segments of a call over q [B, T, H, K] and v [B, T, H, V], or None when its sequences are walked whole.
+
+    ``num_sequences``: N of a packed batch (B == 1, ``cu_seqlens`` [N + 1]), None for a dense one;
+    ``bounds``: the CPU copy of that ``cu_seqlens`` (validated), or None while tracing with fake tensors
+    (no values): then the tables are those of the most segments the call could have, uninitialized, which
+    size scratch buffers only. Dense tables are cached per shape.
+    """
+    sms = sm_count(device)
+    if num_sequences is None:
+        nt = cdiv(T, chunk_size)
+        chunks = plan_segment_chunks(B * nt, nt, B * H, H, V, sms)
+        return _dense_tables(B, T, chunk_size, chunks, device) if chunks else None
+    N = num_sequences
+    if bounds is None:
+        nt = cdiv(T, chunk_size)
+        chunks = plan_segment_chunks(nt, nt, N * H, H, V, sms)
+        if not chunks:
+            return None
+        count = cdiv(nt, chunks) + N
+        empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
+        return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count, chunks)
+    values = bounds.numpy().astype(np.int64)
+    seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
+    longest = int(seq_chunks.max()) if N else 0
+    chunks = plan_segment_chunks(int(seq_chunks.sum()), longest, N * H, H, V, sms)
+    if not chunks:
+        return None
+    arrays = _tables(values, chunk_size, chunks)
+    cu, offsets, first = _to_device(arrays, device)
+    return SegmentTables(cu, offsets, first, int(arrays[0].shape[0]) - 1, chunks)

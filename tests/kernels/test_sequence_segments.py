@@ -1,0 +1,93 @@
+"""Sequence segments (fla_gen/runtime/segments.py): the rule that picks the segment length, the tables the
+segment-mode walks index, and the chunk ops computed over segments in the interpreter against the float64
+reference (outputs, final state and every gradient, the initial state's included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fla_gen.runtime import launch, segments
+from tests.support import compare_chunk_op, generated
+
+
+@pytest.mark.parametrize(("total", "longest", "walks", "heads", "V", "sms", "expected"), [
+    # 1x16384x16x128 on the H100: 16 walks of at most 4 programs (V / 32) is 64 < 66 (half the SMs);
+    # 264 (segment, head) walks wanted -> 17 segments of 16 chunks
+    (256, 256, 16, 16, 128, 132, 16),
+    # 1x131072: the same 17 segments, longer ones
+    (2048, 2048, 16, 16, 128, 132, 121),
+    # 4x4096x16x128: 64 walks make 256 programs: no split
+    (256, 64, 64, 16, 128, 132, 0),
+    # 2x8192x8x256: 16 walks of 8 programs, 128 >= 66: no split
+    (256, 128, 16, 8, 256, 132, 0),
+    # short sequences: segments of 4 chunks at least, and only if the longest has two of them
+    (8, 8, 1, 1, 64, 132, 4),
+    (4, 4, 1, 1, 64, 132, 0),
+    # on the CPU (0 SMs): never
+    (256, 256, 16, 16, 128, 0, 0),
+])
+def test_plan_segment_chunks(total, longest, walks, heads, V, sms, expected):
+    assert segments.plan_segment_chunks(total, longest, walks, heads, V, sms) == expected
+
+
+def test_forced_segment_chunks_is_scoped():
+    with segments.forced_segment_chunks(2):
+        assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 0) == 2
+        # a sequence of at most 2 chunks is not split
+        assert segments.plan_segment_chunks(2, 2, 1, 1, 64, 0) == 0
+    assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 0) == 0
+    with pytest.raises(ValueError, match="chunks must be >= 0"), segments.forced_segment_chunks(-1):
+        pass
+
+
+def _as_lists(t: segments.SegmentTables) -> tuple[list[int], list[int], list[int], int]:
+    return t.cu_seqlens.tolist(), t.chunk_offsets.tolist(), t.first_segment.tolist(), t.count
+
+
+def test_dense_segment_tables():
+    """B = 2, T = 200 at 64-token chunks (4 per sequence, the last one partial), 2 chunks per segment."""
+    with segments.forced_segment_chunks(2):
+        t = segments.segment_tables(2, 200, 3, 32, 64, None, None, torch.device("cpu"))
+    assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8], [0, 2, 4], 4)
+
+
+def test_varlen_segment_tables():
+    """Sequences of 50, 0 and 250 tokens: one segment, none, and two (chunks 1-2 and 3-4 of the batch)."""
+    with segments.forced_segment_chunks(2):
+        t = segments.segment_tables(1, 300, 3, 32, 64, 3, torch.tensor([0, 50, 50, 300]), torch.device("cpu"))
+    assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5], [0, 1, 1, 3], 3)
+
+
+class _CountingKernel:
+    """Stands in for a generated kernel: counts the launches and runs the real one."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
+@pytest.mark.parametrize(("package", "cu_seqlens", "chunks"), [
+    ("linear_attn", None, 1),
+    ("linear_attn", [0, 50, 50, 300], 2),
+    ("simple_gla", None, 2),
+    ("simple_gla", [0, 50, 50, 300], 1),
+])
+def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_sms):
+    """The op with its sequences split into segments matches the float64 reference, forward (as one fused
+    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran in both
+    directions."""
+    module = generated(package).chunk
+    name = f"{package}_segment_scan_kernel"
+    scan = _CountingKernel(getattr(module, name))
+    monkeypatch.setattr(module, name, scan)
+    dims = (1, 300, 2, 32, 32) if cu_seqlens else (2, 200, 2, 32, 32)
+    with segments.forced_segment_chunks(chunks), launch.forced_sm_count(1000 if many_sms else 0):
+        result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens)
+    assert not result.failures(), result.errors
+    # the forward's scan, then the backward's two (the states again, and their gradients)
+    assert scan.launches == 3
