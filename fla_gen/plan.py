@@ -216,8 +216,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
-                   _CHANNEL_DQK_INTRA, _CHANNEL_DQKG),
-                  chunked=True),
+                   _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
+                  chunked=True, splits_sequences=True),
         # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
         # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
         Algorithm("chunk_delta", "kernels/chunk_delta.jinja",

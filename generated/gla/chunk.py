@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """chunk_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel).
+Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel, gla_segment_scan_kernel).
 """
 
 import torch
@@ -16,7 +16,7 @@ from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
     call_op,
-    chunk_tables,
+    chunk_and_segment_tables,
     define_op,
     forward_outputs,
 )
@@ -88,11 +88,13 @@ def gla_cumsum_kernel(
 
 @triton.jit
 def gla_fwd_h_kernel(
-    k, v, G, h, h0, ht, cu_seqlens, chunk_offsets, T,
+    k, v, G, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
+    STORE_TOTAL_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # A walk over sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state
+    # and its total log gate per key channel: STORE_CHUNK_STATES off.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T_seq, boh = _gla_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
@@ -109,8 +111,10 @@ def gla_fwd_h_kernel(
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.)
+    b_gate_total = tl.zeros([BK], dtype=tl.float32)
     for i_t in range(tl.cdiv(T_seq, BT)):
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_s, b_h.to(h.dtype.element_ty), mask=m_s)
+        if STORE_CHUNK_STATES:
+            tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_s, b_h.to(h.dtype.element_ty), mask=m_s)
         t0 = bos + i_t * BT
         n_t = tl.minimum(T_seq - i_t * BT, BT)
         m_i = o_i < n_t
@@ -123,8 +127,12 @@ def gla_fwd_h_kernel(
         # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
         b_kgt = b_kt * tl.exp(tl.where(m_ki, b_gl[:, None] - b_gt, float("-inf")))
         b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        b_gate_total += b_gl
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
+    if STORE_TOTAL_GATE:
+        # the same values in every V tile's program: the first one stores them
+        tl.store(gate_total + i_nh.to(tl.int64) * K + o_k, b_gate_total, mask=m_k & (i_v == 0))
 
 
 @triton.jit
@@ -312,7 +320,7 @@ def gla_bwd_dh_kernel(
     q, G, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr, STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STORE_CHUNK_STATES: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
@@ -331,8 +339,10 @@ def gla_bwd_dh_kernel(
     NT = tl.cdiv(T_seq, BT)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
-        # dh[c] is the gradient w.r.t. the state at the END of chunk c
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_s, b_dh.to(dh.dtype.element_ty), mask=m_s)
+        # dh[c] is the gradient w.r.t. the state at the END of chunk c (a walk over sequence segments from a
+        # zero gradient stores only what reaches the segment's start)
+        if STORE_CHUNK_STATES:
+            tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_s, b_dh.to(dh.dtype.element_ty), mask=m_s)
         t0 = bos + i_t * BT
         n_t = tl.minimum(T_seq - i_t * BT, BT)
         m_i = o_i < n_t
@@ -548,6 +558,55 @@ def gla_bwd_dqkg_kernel(
     if USE_G:
         tl.store(dg + p_x + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
 
+@triton.jit
+def gla_segment_scan_kernel(
+    seg_state,
+    seg_gate,
+    state_in,
+    seg_entry,
+    state_out,
+    first_segment,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_G: tl.constexpr,
+    USE_STATE_IN: tl.constexpr,
+    STORE_STATE_OUT: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    # One program per (K tile, V tile, sequence * head) walks the segments of its sequence, in order for the
+    # state and in reverse for its gradient, and stores what enters each segment:
+    #   entering(next) = exp(gate) * entering + local,
+    # where local (seg_state) is the segment's walk from zero and gate its total log gate
+    # per key channel; what leaves the last one is the sequence's (state_out).
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    s_first = tl.load(first_segment + i_n)
+    n_seg = tl.load(first_segment + i_n + 1) - s_first
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_STATE_IN:
+        b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_seg):
+        if REVERSE:
+            i_s = s_first + n_seg - 1 - i
+        else:
+            i_s = s_first + i
+        o_s = i_s.to(tl.int64) * H + i_h
+        tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
+        if USE_G:
+            b_s *= tl.exp(tl.load(seg_gate + o_s * K + o_k, mask=o_k < K, other=0.0))[:, None]
+        b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
+    if STORE_STATE_OUT:
+        tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
+
+
 
 
 def _tile(block: int, dim: int) -> int:
@@ -572,30 +631,102 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
     return G
 
 
-def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """The state at the start of every chunk, h [B, NT, H, K, V] in the inputs' dtype (NT counts
-    every chunk of the packed batch under varlen, B = 1), and the final state [N, H, K, V] fp32
-    or None."""
+def _segment_scan(seg_state, seg_gate, state_in, store_state_out, segments, N, reverse, plan):
+    """What enters every segment, from each segment's walk from zero: the scan of
+    fla_gen/runtime/segments.py over each sequence's segments, in order (reverse=False: states) or in
+    reverse (reverse=True: state gradients).
+
+    Args:
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start (its state gradient at
+            its start from a zero gradient at its end)
+        seg_gate: [S, H, K] float32, each segment's total log gate per key channel, or None
+        state_in: [N, H, K, V] float32, the initial state (the final state's gradient), or None
+        store_state_out: whether to return what leaves the last segment of each sequence
+
+    Returns:
+        seg_entry: [S, H, K, V] float32, the state entering each segment (the gradient at its end);
+        state_out: [N, H, K, V] float32 (the final state, or the initial state's gradient), or None.
+    """
+    S, H, K, V = seg_state.shape
+    cfg = plan.config("segment_scan")
+    BK, BV = launch.state_walk_tiles(launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V), K, V, N * H,
+                                     launch.split_sm_count(cfg, seg_state.device))
+    seg_entry = torch.empty_like(seg_state)
+    state_out = seg_state.new_empty(N, H, K, V) if store_state_out else None
+    gla_segment_scan_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)](
+        seg_state,
+        seg_gate,
+        state_in,
+        seg_entry,
+        state_out,
+        segments.first_segment,
+        H=H,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        USE_G=seg_gate is not None,
+        USE_STATE_IN=state_in is not None,
+        STORE_STATE_OUT=store_state_out,
+        REVERSE=reverse,
+        num_warps=cfg.num_warps,
+    )
+    return seg_entry, state_out
+
+
+def _launch_fwd_h(k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, walks, plan):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'):
+    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None, gate_total
+    [walks, H, K] float32 or None."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = plan.config("fwd_h")
-    BK, BV = launch.state_walk_tiles(_tile(cfg.block_k, K), _tile(cfg.block_v, V), K, V, N * H,
+    BK, BV = launch.state_walk_tiles(_tile(cfg.block_k, K), _tile(cfg.block_v, V), K, V, walks * H,
                                      launch.split_sm_count(cfg, k.device))
-    h = k.new_empty(B, launch.num_chunks(T, BT, chunk_indices), H, K, V)
-    ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    grid = (launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)
-    gla_fwd_h_kernel[grid](
-        k, v, G, h, initial_state, ht, cu_seqlens, chunk_offsets, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, IS_VARLEN=cu_seqlens is not None,
+    gla_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
+        k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, T,
+        H=H, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
+        STORE_FINAL_STATE=final_state is not None, STORE_CHUNK_STATES=h is not None,
+        STORE_TOTAL_GATE=gate_total is not None, IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return h, ht
 
 
-def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments. Returns seg_entry [S, H, K, V]
+    float32, the final state [N, H, K, V] float32 or None, and each segment's total log gate [S, H, K]
+    float32 (the backward's scan reuses it)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
+    seg_gate = k.new_empty(segments.count, H, K, dtype=torch.float32)
+    _launch_fwd_h(k, v, G, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, plan)
+    seg_entry, ht = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N, False, plan)
+    return seg_entry, ht, seg_gate
+
+
+def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+    """The state at the start of every chunk, h [B, NT, H, K, V] in the inputs' dtype (NT counts
+    every chunk of the packed batch under varlen, B = 1), the final state [N, H, K, V] fp32
+    or None, and with ``segments`` (fla_gen.runtime.segments.SegmentTables; the walks run per segment)
+    each segment's total log gate [S, H, K] fp32 (else None)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    h = k.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
+    if segments is None:
+        ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(k, v, G, h, initial_state, ht, None, cu_seqlens, chunk_offsets, N, plan)
+        return h, ht, None
+    seg_entry, ht, seg_gate = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+    _launch_fwd_h(k, v, G, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets, segments.count,
+                  plan)
+    return h, ht, seg_gate
+
+
+def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
 
     Args:
@@ -608,8 +739,10 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B == 1), or None.
         chunk_indices: [NT, 2] int32, chunk_offsets [N + 1] int32 from prepare_chunk_indices at
             plan.chunk_size, or None.
+        segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
+            the states entering them come first (a walk from zero per segment, and a scan).
         plan: the Plan; stages cumsum, fwd_A, then fwd_fused (the state walk that also writes the
-            outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
+            outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o; segment_scan.
 
     Returns:
         o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A)
@@ -632,14 +765,18 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    walks = N
+    walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
-        walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
-        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        walk_final_state = final_state
+        if segments is None:
+            walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+            walk_final_state = final_state
+        else:
+            walk_initial_state, final_state, _ = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+            walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
@@ -666,7 +803,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             num_stages=cfg.num_stages,
         )
         return o, final_state, (G, A)
-    h, ht = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    h, ht, _ = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets,
+                            segments, plan)
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
@@ -678,15 +816,16 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     return o, ht, (G, A)
 
 
-def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked backward of chunk_fwd.
 
     Args:
         q, k, v, g, scale, initial_state, cu_seqlens, chunk_indices, chunk_offsets: as in chunk_fwd.
         saved: (G, A) from chunk_fwd.
         do: [B, T, H, V] gradient of o; dht: [N, H, K, V] gradient of the final state, or None.
+        segments: as in chunk_fwd; both walks then run per segment, after a walk from zero and a scan.
         plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqk_intra,
-            bwd_dqkg.
+            bwd_dqkg, segment_scan.
 
     Returns:
         dq, dk [B, T, H, K] and dv [B, T, H, V] in the inputs' dtype; dg [B, T, H, K] in g's dtype
@@ -702,18 +841,33 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     do = do.contiguous()
-    h, _ = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    h, _, seg_gate = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments,
+                                  plan)
 
     cfg = plan.config("bwd_dh")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
+
+    def launch_bwd_dh(dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, walks):
+        gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
+            q, G, do, dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, scale, T,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_FINAL_STATE_GRADIENT=dht is not None,
+            STORE_INITIAL_STATE_GRADIENT=dh0 is not None, STORE_CHUNK_STATES=dh is not None,
+            IS_VARLEN=walk_cu_seqlens is not None, DOT_PRECISION=dot_precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
     dh = torch.empty_like(h)
-    dh0 = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if initial_state is not None else None
-    gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), N * H)](
-        q, G, do, dh, None if dht is None else dht.contiguous(), dh0, cu_seqlens, chunk_offsets, scale, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_FINAL_STATE_GRADIENT=dht is not None,
-        STORE_INITIAL_STATE_GRADIENT=dh0 is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    dht = None if dht is None else dht.contiguous()
+    if segments is None:
+        dh0 = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if initial_state is not None else None
+        launch_bwd_dh(dh, dht, dh0, cu_seqlens, chunk_offsets, N)
+    else:
+        # what each segment's chunks send back to its start from a zero gradient at its end; the scan in
+        # reverse gives the gradient at every segment's end, and the walk stores the per-chunk ones
+        seg_dstate = torch.empty(segments.count, H, K, V, device=q.device, dtype=torch.float32)
+        launch_bwd_dh(None, None, seg_dstate, segments.cu_seqlens, segments.chunk_offsets, segments.count)
+        seg_dht, dh0 = _segment_scan(seg_dstate, seg_gate, dht, initial_state is not None, segments, N, True, plan)
+        launch_bwd_dh(dh, seg_dht, None, segments.cu_seqlens, segments.chunk_offsets, segments.count)
 
     cfg = plan.config("bwd_dv")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
@@ -762,10 +916,10 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     o, final_state, saved = chunk_fwd(
         q, k, v, g, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -773,10 +927,10 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
 def _op_backward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
     grads = chunk_bwd(
         q, k, v, g, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return backward_outputs(grads, (q, k, v, g, initial_state))
 

@@ -20,6 +20,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -31,6 +32,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -42,6 +44,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -53,6 +56,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 2, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -64,6 +68,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 2, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -75,6 +80,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 2, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -86,6 +92,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -97,6 +104,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -108,6 +116,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 1, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -119,6 +128,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 1, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 1, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -130,6 +140,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 1, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 1, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm86", "fp32", 256): Plan("sm86", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -141,6 +152,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 1, source="tiles,aot-channel-stages-99k")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 1, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -152,6 +164,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -163,6 +176,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -174,6 +188,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -185,6 +200,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="h100-gla-wide-v")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -196,6 +212,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -207,6 +224,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -218,6 +236,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -229,6 +248,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -240,6 +260,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -251,6 +272,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -262,6 +284,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -273,6 +296,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

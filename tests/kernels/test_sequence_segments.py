@@ -76,6 +76,8 @@ class _CountingKernel:
     ("linear_attn", [0, 50, 50, 300], 2),
     ("simple_gla", None, 2),
     ("simple_gla", [0, 50, 50, 300], 1),
+    ("gla", None, 2),
+    ("gla", [0, 50, 50, 300], 1),
 ])
 def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
