@@ -498,8 +498,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--ops", default=",".join(_ops.OPS), help=f"comma-separated, from: {', '.join(_ops.OPS)}")
-    p.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated, from: {', '.join(PRESETS)}")
-    p.add_argument("--shapes", default="", help="more shapes: BxTxHxD, varlen:NxMIN-MAXxHxD, decode:BxHxD")
+    p.add_argument("--presets", default=None,
+                   help=f"comma-separated, from: {', '.join(PRESETS)} (default: all of them, unless --shapes is given)")
+    p.add_argument("--shapes", default="", help="shapes to run (after the presets'): BxTxHxD, varlen:NxMIN-MAXxHxD, "
+                                                "decode:BxHxD")
     p.add_argument("--libs", default=",".join(LIBS), help="subset of ours,fla,sdpa")
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds of ours and fla (the worst is reported)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
@@ -520,6 +522,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     try:
+        if args.presets is None:
+            args.presets = "" if args.shapes else ",".join(PRESETS)
         args.shape_list = parse_shapes(args.presets, args.shapes)
     except ValueError as e:
         p.error(str(e))

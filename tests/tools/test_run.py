@@ -57,6 +57,9 @@ def test_arguments():
             run.parse_args(bad)
     with pytest.raises(SystemExit, match="unknown op"):
         run.parse_args(["--ops", "retnet"])
+    # --shapes alone runs those shapes; without either, every preset
+    assert [s.name for s in run.parse_args(["--shapes", "1x64x2x32"]).shape_list] == ["1x64x2x32"]
+    assert run.parse_args([]).shape_list == run.parse_shapes(",".join(run.PRESETS), "")
 
 
 def test_floor_arithmetic():
