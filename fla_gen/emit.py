@@ -509,8 +509,6 @@ def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[st
                                   + [f"dy_{n}" for n, _ in t.outputs] + [f"dx_{n}" for n, _ in t.sources]
                                   + [f"dp_{h}" for h in t.heads]),
         "all_inputs": [n for n, _ in t.sources] + list(t.heads),
-        "rope_ids": part.rope_ids,
-        "flag_ids": part.flag_ids,
         "bypass": part.bypass,
     }
 

@@ -9,6 +9,10 @@ inputs (fla_gen/lower.py), fused into one Triton kernel per direction:
     transform beta = 2 * beta if allow_neg_eigval
     transform g = -exp(A_log) * softplus(g + dt_bias) if use_gate_in_kernel
 
+The lines read inputs on both the query/key heads H and the value heads HV, so they run as one pair of
+kernels per head count, each over the [B * T * heads] rows of its own inputs (fla_gen/transforms.py
+transform_parts): q and k are never repeated to the value heads.
+
 Both the chunk and the fused_recurrent op run it before the recurrence; the kernels' header
 (templates/kernels/_transforms.jinja) says what is fused where and which memory passes remain.
 """
