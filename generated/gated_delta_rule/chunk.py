@@ -85,6 +85,7 @@ def gated_delta_rule_fwd_wu_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_c = tl.arange(0, 16)
     k_c = k + t0 * HK * K + i_hk * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
@@ -245,7 +246,7 @@ def gated_delta_rule_fwd_wu_kernel(
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         b_w = tl.dot(b_Aw, b_k)
-        tl.store(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
+        tl.store(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
         if DV_LOCAL:
             p_qT = q + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None]
             b_qT = tl.load(p_qT, mask=(o_k[:, None] < K) & m_t[None, :], other=0.)
@@ -310,6 +311,7 @@ def gated_delta_rule_fwd_h_kernel(
     o_i = tl.arange(0, BT)
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -332,7 +334,7 @@ def gated_delta_rule_fwd_h_kernel(
         # same launch configs, same process; the experiment is in git history at 0a80dc0)
         b_hb = b_h.to(h.dtype.element_ty)
         tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
@@ -393,6 +395,7 @@ def gated_delta_rule_fwd_fused_kernel(
     o_i = tl.arange(0, BT)
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -426,7 +429,7 @@ def gated_delta_rule_fwd_fused_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         # the state and v_new enter the dots in the input dtype, as fwd_h stores them for fwd_o
         b_hb = b_h.to(k.dtype.element_ty)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
         b_q = tl.load(q + t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
@@ -494,6 +497,7 @@ def gated_delta_rule_fwd_o_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     q_c = q + t0 * HK * K + i_hk * K
@@ -583,6 +587,7 @@ def gated_delta_rule_bwd_dh_kernel(
     o_i = tl.arange(0, BT)
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_r = tl.arange(0, RB)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -648,19 +653,19 @@ def gated_delta_rule_bwd_dh_kernel(
         b_dvn = b_dvn.to(w.dtype.element_ty)
         m_kt = m_r0[:, None] & m_t[None, :]
         b_dh0 *= tl.exp(b_GL)
-        b_dh0 += tl.dot(tl.load(q + ko_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_dvn)
+        b_dh0 += tl.dot(tl.load(q + ko_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt, mask=m_kt, other=0.), b_dvn)
         if BK > 1 * RB:
             m_kt = m_r1[:, None] & m_t[None, :]
             b_dh1 *= tl.exp(b_GL)
-            b_dh1 += tl.dot(tl.load(q + ko_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh1 += tl.dot(tl.load(q + ko_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 2 * RB:
             m_kt = m_r2[:, None] & m_t[None, :]
             b_dh2 *= tl.exp(b_GL)
-            b_dh2 += tl.dot(tl.load(q + ko_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh2 += tl.dot(tl.load(q + ko_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 3 * RB:
             m_kt = m_r3[:, None] & m_t[None, :]
             b_dh3 *= tl.exp(b_GL)
-            b_dh3 += tl.dot(tl.load(q + ko_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh3 += tl.dot(tl.load(q + ko_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
     if STORE_INITIAL_STATE_GRADIENT:
         p_dh0 = dh0 + i_nh.to(tl.int64) * K * V + o_rv
         tl.store(p_dh0, b_dh0, mask=m_r0[:, None] & m_v[None, :])
@@ -729,6 +734,7 @@ def gated_delta_rule_bwd_dqk_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     q_c = q + t0 * HK * K + i_hk * K
     k_c = k + t0 * HK * K + i_hk * K
     vn_c = v_new + t0 * H * V + i_h * V
@@ -887,6 +893,7 @@ def gated_delta_rule_bwd_wy_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     k_c = k + t0 * HK * K + i_hk * K
     v_c = v + t0 * H * V + i_h * V
     dw_c = dw + t0 * H * K + i_h * K
@@ -999,7 +1006,7 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_wu")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    w = k.new_empty(B, T, H, K)
+    w = k.new_empty(B, H // HK, T, HK, K)
     u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None

@@ -21,6 +21,8 @@ from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.parse import parse_spec
+from fla_gen.runtime import launch
+from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from fla_gen.verify import TOLERANCE, compare_with_reference
 from fla_gen.write import write_files
@@ -202,6 +204,23 @@ def test_gated_delta_rule_grouped_chunk_with_switches(gate_in_kernel, cu_seqlens
     x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, dims, gate_in_kernel, seed=31)
     pkg = generated("gated_delta_rule")
     assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords, **flags)
+
+
+@pytest.mark.parametrize("sms", [0, 1000])
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 63, 64, 64, 130]])
+def test_gated_delta_rule_grouped_fused_and_split_forwards(sms, cu_seqlens, monkeypatch):
+    """With the H100's plans the forward is fwd_fused off CUDA (0 SMs) and fwd_h + fwd_o as on a GPU with 1000
+    SMs (launch.fused_walk_tile): both with grouped heads (w stored group-major, read with the q and k tiles'
+    offsets) against the float64 reference, every gradient, over chunk boundaries and an empty sequence."""
+    B, T = (2, 100) if cu_seqlens is None else (1, cu_seqlens[-1])
+    x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, (32, 64) if cu_seqlens is None else (64, 32),
+                                        gate_in_kernel=True, seed=37)
+    tiles = spy_on_launch(monkeypatch, "fused_walk_tile")
+    pkg = generated("gated_delta_rule")
+    with forced_arch("sm90"), launch.forced_sm_count(sms):
+        assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords,
+                                         **flags)
+    assert tiles and all((tile > 0) == (sms == 0) for tile in tiles), tiles
 
 
 def _forbid_repeats(monkeypatch) -> None:
