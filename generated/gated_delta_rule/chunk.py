@@ -497,7 +497,6 @@ def gated_delta_rule_fwd_o_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
-    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     q_c = q + t0 * HK * K + i_hk * K
@@ -734,7 +733,6 @@ def gated_delta_rule_bwd_dqk_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
-    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     q_c = q + t0 * HK * K + i_hk * K
     k_c = k + t0 * HK * K + i_hk * K
     vn_c = v_new + t0 * H * V + i_h * V
@@ -893,7 +891,6 @@ def gated_delta_rule_bwd_wy_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
-    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     k_c = k + t0 * HK * K + i_hk * K
     v_c = v + t0 * H * V + i_h * V
     dw_c = dw + t0 * H * K + i_h * K
