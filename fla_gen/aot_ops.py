@@ -16,6 +16,7 @@ import torch
 
 from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all, dedupe_launches
 from fla_gen.canonical import Recurrence
+from fla_gen.ir import Heads
 from fla_gen.lower import lower
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.runtime.launch import forced_sm_count
@@ -45,7 +46,9 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
              bounded: bool = False) -> None:
     op = rec.spec.op
     B, T, H = (1, 192, 2) if varlen else (2, 128, 2)
-    x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0)
+    # a grouped spec's kernels compiled as a grouped call runs them: q, k on H heads, the rest on HV = 2 H
+    HV = 2 * H if rec.spec.grouped else H
+    x = sample_inputs(rec, B, T, H, K, V, dtype, seed=0, HV=HV)
     extra = {}
     if bounded:
         # every input of the gate at 0 (the token gate and a per-head one: the bound holds for their sum); a
@@ -54,7 +57,7 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
             x[name] = torch.zeros_like(x[name])
         extra["gate_lower_bound"] = _AOT_GATE_BOUND
     N = 3 if varlen else B
-    h0 = torch.zeros(N, H, K, V, requires_grad=True)
+    h0 = torch.zeros(N, HV, K, V, requires_grad=True)
     leaves = [*x.values(), h0]
     for t in leaves:
         t.requires_grad_(True)
@@ -71,7 +74,7 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         # the transform kernels as compiled with every guarded line switched on (the calls above ran with
         # the flags' defaults); keyword inputs of those lines given as zeros
         switched = {f.name: True for f in rec.spec.flags}
-        switched.update({i.name: torch.zeros(H) for i in rec.spec.guarded_inputs})
+        switched.update({i.name: torch.zeros(HV if i.heads is Heads.HV else H) for i in rec.spec.guarded_inputs})
         o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
         torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 

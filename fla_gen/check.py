@@ -401,8 +401,10 @@ class _Checker:
         problem = _name_problem(kind, name)
         if not problem and kind not in ("op", "package", "output"):
             op = getattr(self, "op", "")
+            transforms_class = "".join(p.capitalize() for p in op.split("_")) + "Transforms"
+            # a grouped spec's pass may run as one class per head count (fla_gen.transforms.transform_parts)
             own = {f"chunk_{op}", f"fused_recurrent_{op}", f"{op}_reference", f"{op}_transforms",
-                   f"{op}_transform_args", "".join(p.capitalize() for p in op.split("_")) + "Transforms"}
+                   f"{op}_transform_args", transforms_class, *(transforms_class + h.name for h in Heads)}
             if name in own:
                 problem = f"'{name}' is a function of the generated package; the {kind} cannot take it"
         if problem:

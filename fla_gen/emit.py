@@ -23,15 +23,21 @@ from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_alg
 from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
-from fla_gen.transforms import InlineTransforms, TransformKernel, inline_transforms, pass_outputs, plan_transforms
+from fla_gen.transforms import (
+    InlineTransforms,
+    TransformKernel,
+    TransformPart,
+    inline_transforms,
+    pass_outputs,
+    plan_transforms,
+    transform_parts,
+)
 
 TEMPLATES_DIR = data_dir("templates")
 # Kernel templates that read query/key head hv // (HV / H) themselves (``features.grouped``): their ops pass
 # q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
 # every H-head input to HV heads and runs the op ungrouped.
-GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja"})
-# The kernel arguments a grouping kernel reads at the query/key head (the others at the value head).
-_KEY_SIDE_ARGS = frozenset({"q", "k", "a", "b"})
+GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja", "kernels/chunk_delta.jinja"})
 # Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
 _LETTER_NAMES = {"G": "HV"}
 
@@ -244,16 +250,13 @@ def kernel_groups_heads(lowered: Lowered, algo: Algorithm) -> bool:
 
 def host_repeats_heads(lowered: Lowered, algo: Algorithm) -> bool:
     """Whether a grouped op's autograd path repeats its H-head inputs to HV heads on the host: its kernels
-    do not group heads, or its pass (templates/package/transforms.py.jinja), which walks one set of
-    [B·T·heads] rows for all its sources, reads inputs on both H and HV. The decode path without autograd
-    applies the transforms inside a grouping kernel and needs no repeat (:func:`_transform_block`)."""
-    spec = lowered.rec.spec
-    if not spec.grouped:
+    do not group heads, or its pass (templates/package/transforms.py.jinja) has a line or an output that
+    reads inputs on both H and HV, so that it cannot run as one kernel pair per head count
+    (:func:`fla_gen.transforms.transform_parts`). The decode path without autograd applies the transforms
+    inside a grouping kernel and needs no repeat (:func:`_transform_block`)."""
+    if not lowered.rec.spec.grouped:
         return False
-    if not kernel_groups_heads(lowered, algo):
-        return True
-    sources = set(spec.transformed) | {n for s in pass_outputs(lowered) for n in inputs_read(s.expr)}
-    return len({spec.input(n).heads for n in sources if spec.input(n).per_token}) > 1
+    return not kernel_groups_heads(lowered, algo) or transform_parts(lowered) is None
 
 
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
@@ -474,22 +477,60 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
     return {"plans": full, "arch_aliases": arch_aliases, "aliases": aliases}
 
 
-def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:
-    rec = lowered.rec
-    ctx = dict(common)
-    lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
-    lines += [f"{s.arg} = {render_expr(s.expr)}" for s in pass_outputs(lowered) if s.source is SlotSource.DERIVED]
-    ctx.update({
+def _part_call(part: TransformPart, class_name: str, slot_inputs: dict[str, str | None]) -> list[str]:
+    """The lines of the pass's public function that run one part of a split pass into ``_<output>`` locals;
+    a bypassed part (:class:`fla_gen.transforms.TransformPart`) runs only where one of its flags is on."""
+    t = part.kernel
+    outs = _tuple_items([f"_{n}" for n, _ in t.outputs])
+    ropes = f"({_tuple_items([f'rope_dims[{i}]' for i in part.rope_ids])})" if part.rope_ids else "()"
+    flags = ", ".join(f'"flag_{f}": bool(flags[{i}])' for f, i in zip(t.flags, part.flag_ids, strict=True))
+    flags = "{" + flags + "}, " if flags else ""
+    inputs = ", ".join(f"{n}.contiguous()" for n in [n for n, _ in t.sources] + list(t.heads))
+    run = f"{outs} = {class_name}.apply(positions, {ropes}, (call.K, call.V), {flags}{inputs})"
+    if not part.bypass:
+        return [run]
+    given = _tuple_items([f"{slot_inputs[n]}.contiguous()" for n, _ in t.outputs])
+    return [f"if {' or '.join(f'flags[{i}]' for i in part.flag_ids)}:", "    " + run, "else:", f"    {outs} = {given}"]
+
+
+def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[str, str | None]) -> dict:
+    """What transforms.py.jinja renders for one kernel pair of the pass: its names (the whole pass keeps the
+    unsuffixed ones), pointers, inputs and, in a split pass, the public function's lines that run it."""
+    t = part.kernel
+    suffix = "" if part.heads is None else part.heads.name
+    return {
+        "call_lines": _part_call(part, function_class + suffix, slot_inputs) if part.heads is not None else [],
         "t": t,
-        "transform_lines": lines,
+        "suffix": "" if part.heads is None else "_" + suffix.lower(),
+        "class_name": function_class + suffix,
+        "heads_doc": "" if part.heads is None else part.heads.value,
         "fwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
                                   + [f"y_{n}" for n, _ in t.outputs]),
         "bwd_pointers": ", ".join([f"x_{n}" for n, _ in t.sources] + [f"p_{h}" for h in t.heads]
                                   + [f"dy_{n}" for n, _ in t.outputs] + [f"dx_{n}" for n, _ in t.sources]
                                   + [f"dp_{h}" for h in t.heads]),
         "all_inputs": [n for n, _ in t.sources] + list(t.heads),
+        "bypass": part.bypass,
+    }
+
+
+def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:
+    rec = lowered.rec
+    ctx = dict(common)
+    lines = [ln for ln in _statement_lines(rec) if ln.startswith("transform")]
+    lines += [f"{s.arg} = {render_expr(s.expr)}" for s in pass_outputs(lowered) if s.source is SlotSource.DERIVED]
+    function_class = "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms"
+    # one kernel pair per head count where the lines of a grouped spec read inputs on both (no host repeat)
+    parts = transform_parts(lowered) or (TransformPart(None, t, (), (), False),)
+    slot_inputs = {s.arg: s.input for s in lowered.slots}
+    ctx.update({
+        "t": t,
+        "parts": [_part_context(p, function_class, slot_inputs) for p in parts],
+        "returned": ", ".join(f"_{n}" for n, _ in t.outputs),
+        "transform_lines": lines,
+        "all_inputs": [n for n, _ in t.sources] + list(t.heads),
         "first_source": t.sources[0][0],
-        "function_class": "".join(p.capitalize() for p in rec.spec.op.split("_")) + "Transforms",
+        "function_class": function_class,
         "public_op": rec.spec.op,
     })
     return _environment(str(TEMPLATES_DIR)).get_template("package/transforms.py.jinja").render(ctx)

@@ -416,15 +416,17 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
 
 
 def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
-                      gradient_partners: bool = False, key_rows: bool = False) -> TransformKernel:
+                      gradient_partners: bool = False, key_rows: bool = False,
+                      part: tuple[tuple[TransformInfo, ...], tuple[Slot, ...]] | None = None) -> TransformKernel:
     """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
     the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
-    else with tl.gather. ``key_rows``: the statements run in a grouped recurrent kernel (_Lowering)."""
+    else with tl.gather. ``key_rows``: the statements run in a grouped recurrent kernel (_Lowering). ``part``:
+    only these transform lines and outputs (:func:`transform_parts`), else all of them."""
     rec = lowered.rec
     spec = rec.spec
     low = _Lowering(rec, layout, key_rows)
-    outputs = pass_outputs(lowered)
-    needed = set(spec.transformed)
+    lines, outputs = part if part is not None else (spec.transforms, pass_outputs(lowered))
+    needed = {t for tr in lines for t in tr.targets}
     for slot in outputs:
         needed |= {n for n in inputs_read(slot.expr) if spec.input(n).per_token}
     raw: dict[str, str] = {}
@@ -462,7 +464,7 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
             (t,) = tr.targets
             low.current[t] = low.lower(tr.expr)
 
-    for tr in norms_before_rotations(spec.transforms) if norms_first else spec.transforms:
+    for tr in norms_before_rotations(lines) if norms_first else lines:
         if tr.guard is None:
             lower_line(tr)
         else:
@@ -496,8 +498,69 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
         fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
-        flags=tuple(f.name for f in spec.flags),
+        flags=tuple(f.name for f in spec.flags if any(tr.guard == f.name for tr in lines)),
     )
+
+
+@dataclass(frozen=True)
+class TransformPart:
+    """One kernel pair of a pass split by heads (:func:`transform_parts`).
+
+    ``heads``: the heads of every input its lines read and write (None: the whole pass, one part);
+    ``kernel``: its statements (``kernel.flags``: the flags of its lines only); ``rope_ids`` / ``flag_ids``:
+    the positions of its ropes / flags among the whole pass's; ``bypass``: every line is guarded and no
+    output is derived, so with all its flags off the part returns its inputs as they are.
+    """
+
+    heads: Heads | None
+    kernel: TransformKernel
+    rope_ids: tuple[int, ...]
+    flag_ids: tuple[int, ...]
+    bypass: bool
+
+
+def _part_heads(lowered: Lowered, names: set[str]) -> frozenset[Heads]:
+    """The heads of the inputs ``names`` (per-token and per-head alike)."""
+    return frozenset(lowered.rec.spec.input(n).heads for n in names)
+
+
+def transform_parts(lowered: Lowered) -> tuple[TransformPart, ...] | None:
+    """The pass as kernel pairs that each walk one head count's [B * T * heads] rows: one part (the whole
+    pass) unless the spec is grouped and its lines read inputs on both H and HV; then one part per head
+    count, each line and output in the part of the inputs it reads and writes. () without a pass; None
+    when a line or an output reads inputs on both (the op then repeats H-head inputs to HV on the host).
+
+    A part runs on whatever head count its inputs have, so a split pass also serves an op that repeated
+    its key-side inputs to HV heads (a kernel template that does not group heads)."""
+    whole = plan_transforms(lowered)
+    if whole is None:
+        return ()
+    spec = lowered.rec.spec
+    everything = TransformPart(None, whole, tuple(range(len(whole.ropes))), tuple(range(len(whole.flags))), False)
+    if not spec.grouped:
+        return (everything,)
+    outputs = pass_outputs(lowered)
+    line_heads = [_part_heads(lowered, set(tr.targets) | (inputs_read(tr.expr) if tr.expr is not None else set()))
+                  for tr in spec.transforms]
+    out_heads = [_part_heads(lowered, inputs_read(s.expr)) for s in outputs]
+    if any(len(h) != 1 for h in (*line_heads, *out_heads)):
+        return None
+    groups = sorted(set(line_heads) | set(out_heads), key=lambda h: [x.value for x in h])
+    if len(groups) == 1:
+        return (everything,)
+    parts = []
+    for group in groups:
+        lines = tuple(tr for tr, h in zip(spec.transforms, line_heads, strict=True) if h == group)
+        outs = tuple(s for s, h in zip(outputs, out_heads, strict=True) if h == group)
+        tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True, part=(lines, outs))
+        grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True, part=(lines, outs))
+        kernel = replace(tile, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in, grads_out=grads.grads_out)
+        rope_ids = tuple(i for i, r in enumerate(whole.ropes) if r.targets in {tr.targets for tr in lines
+                                                                               if tr.kind == "rope"})
+        bypass = all(tr.guard for tr in lines) and all(s.source is SlotSource.INPUT for s in outs)
+        parts.append(TransformPart(next(iter(group)), kernel, rope_ids,
+                                   tuple(whole.flags.index(f) for f in kernel.flags), bypass))
+    return tuple(parts)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import torch
 from fla_gen.canonical import Recurrence, canonicalize
 from fla_gen.check import check_spec
 from fla_gen.parse import read_spec
-from fla_gen.sample import sample_inputs
-from fla_gen.verify import CaseResult, compare_with_reference
+from fla_gen.sample import relative_error, sample_inputs
+from fla_gen.verify import TOLERANCE, CaseResult, compare_with_reference
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO_ROOT / "specs").glob("*.fla"))
@@ -78,6 +78,35 @@ def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: 
     return compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
                                   {**x, "initial_state": torch.randn(N, H, K, V)}, dtype,
                                   name=f"chunk_{op}", guard=poisoned_allocations, cu_seqlens=cu)
+
+
+def grads_of(fn, leaves: dict, keywords: tuple, **kwargs):
+    """o, final state and the gradient of every leaf of ``fn(positional leaves, keyword leaves, **kwargs)``,
+    under fixed random output weights."""
+    positional = [t for n, t in leaves.items() if n not in keywords and n != "initial_state"]
+    o, ht = fn(*positional, initial_state=leaves.get("initial_state"), output_final_state=True,
+               **{n: leaves[n] for n in keywords}, **kwargs)
+    gen = torch.Generator().manual_seed(99)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (ht * dht.to(ht.dtype)).sum(), list(leaves.values()),
+                                allow_unused=True)  # an input only a switched-off line reads: zero gradient
+    return o, ht, {n: torch.zeros_like(x) if d is None else d for (n, x), d in zip(leaves.items(), grads, strict=True)}
+
+
+def assert_gradients_match_reference(fn, ref_fn, x: dict, keywords: tuple = (), **kwargs) -> None:
+    """``fn`` (fp32, outputs poisoned first) against its float64 reference ``ref_fn`` on inputs ``x`` (the
+    positional ones in order, the names in ``keywords`` passed by keyword, ``initial_state`` [N, HV, K, V]):
+    o, the final state and the gradient of every input, by relative norm error. ``kwargs`` go to both (flags,
+    cu_seqlens)."""
+    with poisoned_allocations():
+        o, ht, grads = grads_of(fn, {n: t.clone().requires_grad_(True) for n, t in x.items()}, keywords, **kwargs)
+    o_r, ht_r, grads_r = grads_of(ref_fn, {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords,
+                                  **kwargs)
+    tol_fwd, tol_grad = TOLERANCE[torch.float32]
+    errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
+    assert all(e <= tol_fwd for e in errors.values()), errors
+    errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
+    assert all(e <= tol_grad for e in errors.values()), errors
 
 
 @contextlib.contextmanager

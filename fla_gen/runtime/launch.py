@@ -206,3 +206,21 @@ def tile_of_one_token(heads: int, rows_per_tile: int) -> bool:
     the tile shares one rope position (the tiles start at multiples of BR and a token's H rows are
     contiguous)."""
     return heads % rows_per_tile == 0
+
+
+def group_partials(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """An empty [B, T, heads, K] buffer for the per-value-head gradient of a key-side input x [B, T, HK, K]
+    (kernels that group heads: each of the heads value heads writes its own row): float32 when heads >
+    HK, so that sum_groups adds unrounded partials, else x's dtype (no group: the buffer is the gradient)."""
+    B, T, HK, K = x.shape
+    return x.new_empty(B, T, heads, K, dtype=torch.float32 if heads != HK else x.dtype)
+
+
+def sum_groups(partials: torch.Tensor, key_heads: int) -> torch.Tensor:
+    """The gradient of a key-side input [B, T, HK, K] from its per-value-head partials [B, T, H, K]
+    (group_partials): key head i serves the value heads i * H // HK ... (i + 1) * H // HK - 1, so its
+    gradient is their sum. The partials themselves when H == HK."""
+    B, T, H, K = partials.shape
+    if H == key_heads:
+        return partials
+    return partials.view(B, T, key_heads, H // key_heads, K).sum(3)

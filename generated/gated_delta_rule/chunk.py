@@ -47,6 +47,7 @@ def gated_delta_rule_fwd_wu_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -82,8 +83,11 @@ def gated_delta_rule_fwd_wu_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_c = tl.arange(0, 16)
-    k_c = k + t0 * H * K + i_h * K
+    k_c = k + t0 * HK * K + i_hk * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
     # rows of block c within the chunk, and which of them are real tokens of this chunk
     o_r0 = o_c
@@ -131,14 +135,14 @@ def gated_delta_rule_fwd_wu_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_k0 = tl.load(k_c + o_r0[:, None] * (H * K) + o_k[None, :], mask=m_r0[:, None] & m_k[None, :], other=0.)
-        b_kT0 = tl.load(k_c + o_r0[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_r0[None, :], other=0.)
-        b_k1 = tl.load(k_c + o_r1[:, None] * (H * K) + o_k[None, :], mask=m_r1[:, None] & m_k[None, :], other=0.)
-        b_kT1 = tl.load(k_c + o_r1[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_r1[None, :], other=0.)
-        b_k2 = tl.load(k_c + o_r2[:, None] * (H * K) + o_k[None, :], mask=m_r2[:, None] & m_k[None, :], other=0.)
-        b_kT2 = tl.load(k_c + o_r2[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_r2[None, :], other=0.)
-        b_k3 = tl.load(k_c + o_r3[:, None] * (H * K) + o_k[None, :], mask=m_r3[:, None] & m_k[None, :], other=0.)
-        b_kT3 = tl.load(k_c + o_r3[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_r3[None, :], other=0.)
+        b_k0 = tl.load(k_c + o_r0[:, None] * (HK * K) + o_k[None, :], mask=m_r0[:, None] & m_k[None, :], other=0.)
+        b_kT0 = tl.load(k_c + o_r0[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_r0[None, :], other=0.)
+        b_k1 = tl.load(k_c + o_r1[:, None] * (HK * K) + o_k[None, :], mask=m_r1[:, None] & m_k[None, :], other=0.)
+        b_kT1 = tl.load(k_c + o_r1[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_r1[None, :], other=0.)
+        b_k2 = tl.load(k_c + o_r2[:, None] * (HK * K) + o_k[None, :], mask=m_r2[:, None] & m_k[None, :], other=0.)
+        b_kT2 = tl.load(k_c + o_r2[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_r2[None, :], other=0.)
+        b_k3 = tl.load(k_c + o_r3[:, None] * (HK * K) + o_k[None, :], mask=m_r3[:, None] & m_k[None, :], other=0.)
+        b_kT3 = tl.load(k_c + o_r3[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_r3[None, :], other=0.)
         b_A00 = tl.dot(b_k0, b_kT0, b_A00)
         b_A10 = tl.dot(b_k1, b_kT0, b_A10)
         b_A11 = tl.dot(b_k1, b_kT1, b_A11)
@@ -240,11 +244,11 @@ def gated_delta_rule_fwd_wu_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
-        b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         b_w = tl.dot(b_Aw, b_k)
-        tl.store(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
+        tl.store(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
         if DV_LOCAL:
-            p_qT = q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
+            p_qT = q + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None]
             b_qT = tl.load(p_qT, mask=(o_k[:, None] < K) & m_t[None, :], other=0.)
             b_KQ = tl.dot(b_k, b_qT, b_KQ)
     if DV_LOCAL:
@@ -277,6 +281,7 @@ def gated_delta_rule_fwd_h_kernel(
     chunk_offsets,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -304,6 +309,9 @@ def gated_delta_rule_fwd_h_kernel(
         NT = tl.cdiv(T, BT)
         boh = i_n.to(tl.int64) * NT
     o_i = tl.arange(0, BT)
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -326,7 +334,7 @@ def gated_delta_rule_fwd_h_kernel(
         # same launch configs, same process; the experiment is in git history at 0a80dc0)
         b_hb = b_h.to(h.dtype.element_ty)
         tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
         tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
@@ -338,7 +346,7 @@ def gated_delta_rule_fwd_h_kernel(
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_new_j^T; exp(G_L - G_j) <= 1
         b_vn *= tl.exp(b_GL - b_G)[:, None]
         b_h *= tl.exp(b_GL)
-        b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
@@ -358,6 +366,7 @@ def gated_delta_rule_fwd_fused_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -384,6 +393,9 @@ def gated_delta_rule_fwd_fused_kernel(
         T_seq = T
         NT = tl.cdiv(T, BT)
     o_i = tl.arange(0, BT)
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -417,10 +429,10 @@ def gated_delta_rule_fwd_fused_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         # the state and v_new enter the dots in the input dtype, as fwd_h stores them for fwd_o
         b_hb = b_h.to(k.dtype.element_ty)
-        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
-        b_q = tl.load(q + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_q = tl.load(q + t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_vnb = b_vn.to(b_kT.dtype)
         # P before q @ h: in the other order the head-dim-128 build spilled 60 B at [64, 4 warps, 3 stages] (fla-gen
         # aot, sm90) and the forward took 0.404 ms against 0.329 at 4x4096x16x128 (H100; experiment in git history at 0a80dc0)
@@ -451,6 +463,7 @@ def gated_delta_rule_fwd_o_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -482,24 +495,26 @@ def gated_delta_rule_fwd_o_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    q_c = q + t0 * H * K + i_h * K
-    k_c = k + t0 * H * K + i_h * K
+    q_c = q + t0 * HK * K + i_hk * K
+    k_c = k + t0 * HK * K + i_hk * K
     h_c = h + (i_hc * H + i_h) * K * V
 
     b_P = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_kT = tl.load(k_c + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_q = tl.load(q_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_kT = tl.load(k_c + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_P = tl.dot(b_q, b_kT, b_P)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_q = tl.load(q_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_o = tl.dot(b_q, b_h, b_o)
     m_A = o_i[:, None] >= o_i[None, :]
@@ -535,6 +550,7 @@ def gated_delta_rule_bwd_dh_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -568,6 +584,9 @@ def gated_delta_rule_bwd_dh_kernel(
         NT = tl.cdiv(T, BT)
         boh = i_n.to(tl.int64) * NT
     o_i = tl.arange(0, BT)
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    i_wg = ((0 if IS_VARLEN else i_n) * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     o_r = tl.arange(0, RB)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -610,13 +629,15 @@ def gated_delta_rule_bwd_dh_kernel(
         # k [BT, RB] and q^T, W^T [RB, BT] tiles of row block j
         o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_r[None, :]
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_r[:, None]
-        b_dvn = tl.dot(tl.load(k + o_tk, mask=m_t[:, None] & m_r0[None, :], other=0.), b_dh0.to(k.dtype.element_ty))
+        ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_r[None, :]
+        ko_kt = t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_r[:, None]
+        b_dvn = tl.dot(tl.load(k + ko_tk, mask=m_t[:, None] & m_r0[None, :], other=0.), b_dh0.to(k.dtype.element_ty))
         if BK > 1 * RB:
-            b_dvn = tl.dot(tl.load(k + o_tk + 1 * RB, mask=m_t[:, None] & m_r1[None, :], other=0.), b_dh1.to(k.dtype.element_ty), b_dvn)
+            b_dvn = tl.dot(tl.load(k + ko_tk + 1 * RB, mask=m_t[:, None] & m_r1[None, :], other=0.), b_dh1.to(k.dtype.element_ty), b_dvn)
         if BK > 2 * RB:
-            b_dvn = tl.dot(tl.load(k + o_tk + 2 * RB, mask=m_t[:, None] & m_r2[None, :], other=0.), b_dh2.to(k.dtype.element_ty), b_dvn)
+            b_dvn = tl.dot(tl.load(k + ko_tk + 2 * RB, mask=m_t[:, None] & m_r2[None, :], other=0.), b_dh2.to(k.dtype.element_ty), b_dvn)
         if BK > 3 * RB:
-            b_dvn = tl.dot(tl.load(k + o_tk + 3 * RB, mask=m_t[:, None] & m_r3[None, :], other=0.), b_dh3.to(k.dtype.element_ty), b_dvn)
+            b_dvn = tl.dot(tl.load(k + ko_tk + 3 * RB, mask=m_t[:, None] & m_r3[None, :], other=0.), b_dh3.to(k.dtype.element_ty), b_dvn)
         # The decays and the scale go on the [BT, BV] side of each product, so the [RB, BT] tiles feed the
         # dots straight from shared memory.
         # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
@@ -631,19 +652,19 @@ def gated_delta_rule_bwd_dh_kernel(
         b_dvn = b_dvn.to(w.dtype.element_ty)
         m_kt = m_r0[:, None] & m_t[None, :]
         b_dh0 *= tl.exp(b_GL)
-        b_dh0 += tl.dot(tl.load(q + o_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_dvn)
+        b_dh0 += tl.dot(tl.load(q + ko_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt, mask=m_kt, other=0.), b_dvn)
         if BK > 1 * RB:
             m_kt = m_r1[:, None] & m_t[None, :]
             b_dh1 *= tl.exp(b_GL)
-            b_dh1 += tl.dot(tl.load(q + o_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh1 += tl.dot(tl.load(q + ko_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 2 * RB:
             m_kt = m_r2[:, None] & m_t[None, :]
             b_dh2 *= tl.exp(b_GL)
-            b_dh2 += tl.dot(tl.load(q + o_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh2 += tl.dot(tl.load(q + ko_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 3 * RB:
             m_kt = m_r3[:, None] & m_t[None, :]
             b_dh3 *= tl.exp(b_GL)
-            b_dh3 += tl.dot(tl.load(q + o_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + o_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
+            b_dh3 += tl.dot(tl.load(q + ko_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
     if STORE_INITIAL_STATE_GRADIENT:
         p_dh0 = dh0 + i_nh.to(tl.int64) * K * V + o_rv
         tl.store(p_dh0, b_dh0, mask=m_r0[:, None] & m_v[None, :])
@@ -674,6 +695,7 @@ def gated_delta_rule_bwd_dqk_kernel(
     scale,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -709,8 +731,10 @@ def gated_delta_rule_bwd_dqk_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    q_c = q + t0 * H * K + i_h * K
-    k_c = k + t0 * H * K + i_h * K
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    q_c = q + t0 * HK * K + i_hk * K
+    k_c = k + t0 * HK * K + i_hk * K
     vn_c = v_new + t0 * H * V + i_h * V
     do_c = do + t0 * H * V + i_h * V
     dvn_c = dv_new + t0 * H * V + i_h * V
@@ -766,10 +790,10 @@ def gated_delta_rule_bwd_dqk_kernel(
             b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_v[:, None] & m_k[None, :], other=0.)
             b_dq = tl.dot(b_do, b_hT, b_dq)
         b_dq *= (scale * tl.exp(b_G))[:, None]
-        b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dq = tl.dot(b_dP, b_k, b_dq)
         tl.store(dq + o_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_q = tl.load(q_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         b_a += tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
 
     # 3. dk_part; D^T [BV, BK] is loaded transposed.
@@ -793,9 +817,9 @@ def gated_delta_rule_bwd_dqk_kernel(
             b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_vk, other=0.)
             b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
         b_dk *= tl.exp(b_GL - b_G)[:, None]
-        b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
         b_c += tl.sum(b_dk * b_k, axis=1)
-        b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_q = tl.load(q_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         # the intra-chunk part in its own accumulator, for b_i (same shape and layout as b_dk)
         b_dki = tl.dot(b_dPT, b_q)
         b_b += tl.sum(b_dki * b_k, axis=1)
@@ -830,6 +854,7 @@ def gated_delta_rule_bwd_wy_kernel(
     chunk_indices,
     T,
     H: tl.constexpr,
+    HK: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
@@ -864,7 +889,9 @@ def gated_delta_rule_bwd_wy_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    k_c = k + t0 * H * K + i_h * K
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    k_c = k + t0 * HK * K + i_hk * K
     v_c = v + t0 * H * V + i_h * V
     dw_c = dw + t0 * H * K + i_h * K
     dvn_c = dv_new + t0 * H * V + i_h * V
@@ -892,8 +919,8 @@ def gated_delta_rule_bwd_wy_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         m_kt = m_k[:, None] & m_t[None, :]
-        b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
-        b_kT = tl.load(k_c + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.)
+        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_kT = tl.load(k_c + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.)
         b_dw = tl.load(dw_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dwT = tl.load(dw_c + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.)
         b_dAi = tl.dot(b_dw, b_kT, b_dAi)
@@ -943,7 +970,7 @@ def gated_delta_rule_bwd_wy_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         o_tk = o_i[:, None] * (H * K) + o_k[None, :]
-        b_k = tl.load(k_c + o_tk, mask=m_tk, other=0.)
+        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dw = tl.load(dw_c + o_tk, mask=m_tk, other=0.)
         b_X = tl.dot(b_AiT, b_dw)
         b_X *= b_eg[:, None]
@@ -970,13 +997,13 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
         chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
         g_cum: [B, T, H] float32, the chunk-local cumulative gate for the sequential walks (None without a gate).
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, HK, K = k.shape
+    H, V = v.shape[-2:]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_wu")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    w = torch.empty_like(k)
+    w = k.new_empty(B, H // HK, T, HK, K)
     u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
@@ -998,6 +1025,7 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
         scale,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1020,8 +1048,8 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
         packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None.
     """
-    B, T, H, K = k.shape
-    V = u.shape[-1]
+    B, T, HK, K = k.shape
+    H, V = u.shape[-2:]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
@@ -1044,6 +1072,7 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
         chunk_offsets,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1080,8 +1109,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
         saved: () -- the backward recomputes everything from the inputs.
     """
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, HK, K = q.shape
+    H, V = v.shape[-2:]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
@@ -1107,6 +1136,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             scale,
             T,
             H=H,
+            HK=HK,
             K=K,
             V=V,
             BT=BT,
@@ -1137,6 +1167,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         scale,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1163,8 +1194,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         dbeta: [B, T, H] in beta's dtype
         dh0: [N, H, K, V] float32, or None when initial_state is None.
     """
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, HK, K = q.shape
+    H, V = v.shape[-2:]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
@@ -1196,6 +1227,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         scale,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1213,9 +1245,9 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    dq = torch.empty_like(q)
-    dk_part = torch.empty_like(k, dtype=torch.float32)
-    dw = torch.empty_like(k)
+    dq = launch.group_partials(q, H)
+    dk_part = k.new_empty(B, T, H, K, dtype=torch.float32)
+    dw = k.new_empty(B, T, H, K)
     dg_part = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else None
     gated_delta_rule_bwd_dqk_kernel[(NT, B * H)](
         q,
@@ -1235,6 +1267,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         scale,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1249,7 +1282,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
 
     cfg = plan.config("bwd_wy")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    dk = torch.empty_like(k)
+    dk = launch.group_partials(k, H)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else None
@@ -1271,6 +1304,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         chunk_indices,
         T,
         H=H,
+        HK=HK,
         K=K,
         V=V,
         BT=BT,
@@ -1281,6 +1315,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    dq, dk = launch.sum_groups(dq, HK), launch.sum_groups(dk, HK)
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -1459,13 +1494,6 @@ def chunk_gated_delta_rule(
         ("gk", gk, None),
         ("gv", gv, None),
     ))
-    if call.HV != call.H:
-        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
-        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
-        groups = call.HV // call.H
-        q = q.repeat_interleave(groups, dim=2)
-        k = k.repeat_interleave(groups, dim=2)
-        call = call._replace(H=call.HV)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
         if A_log is None:
             A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)

@@ -651,13 +651,6 @@ def fused_recurrent_gated_delta_rule(
                                                 initial_state, output_final_state, cu_seqlens, plan,
                                                 transform_args=(None if A_log is None else A_log.contiguous(), None if dt_bias is None else dt_bias.contiguous(), positions, *rope_dims), transform_flags=(bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel), bool(allow_neg_eigval)))
         return o, final_state
-    if call.HV != call.H:
-        # The kernels run one q/k head per state head: repeat each H-head input over its HV / H value heads
-        # (autograd sums their gradients over the group) and run the op ungrouped on HV heads.
-        groups = call.HV // call.H
-        q = q.repeat_interleave(groups, dim=2)
-        k = k.repeat_interleave(groups, dim=2)
-        call = call._replace(H=call.HV)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
         if A_log is None:
             A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)

@@ -9,6 +9,10 @@ inputs (fla_gen/lower.py), fused into one Triton kernel per direction:
     transform beta = 2 * beta if allow_neg_eigval
     transform g = -exp(A_log) * softplus(g + dt_bias) if use_gate_in_kernel
 
+The lines read inputs on both the query/key heads H and the value heads HV, so they run as one pair of
+kernels per head count, each over the [B * T * heads] rows of its own inputs (fla_gen/transforms.py
+transform_parts): q and k are never repeated to the value heads.
+
 Both the chunk and the fused_recurrent op run it before the recurrence; the kernels' header
 (templates/kernels/_transforms.jinja) says what is fused where and which memory passes remain.
 """
@@ -20,10 +24,13 @@ import triton.language as tl
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 
-_SOURCES = ['q', 'k', 'g', 'beta']
+# ----------------------------------------------------------------------------- the lines on the H heads
+# (q, k): one kernel pair over the [B * T * H] rows of these inputs
+
+_SOURCES_H = ['q', 'k']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
-_OUTPUTS = ['q:K', 'k:K', 'g:', 'beta:']
-_FP32_OUTPUTS = ['g']
+_OUTPUTS_H = ['q:K', 'k:K']
+_FP32_OUTPUTS_H = []
 
 
 @triton.jit
@@ -47,10 +54,10 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
-def gated_delta_rule_transform_fwd_kernel(
-    x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, y_q, y_k, y_g, y_beta,
+def gated_delta_rule_transform_h_fwd_kernel(
+    x_q, x_k, y_q, y_k,
     pos, n_rows, H, K, V,
-    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_use_gate_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr,
 ):
     # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -61,55 +68,30 @@ def gated_delta_rule_transform_fwd_kernel(
     m_K = o_K < K
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_g + row).to(tl.float32)
-    t3 = tl.load(x_beta + row).to(tl.float32)
     if flag_use_qk_l2norm_in_kernel:
-        t4 = tl.where(m_K, t0, 0.0)
-        t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
-        t6 = t4 * t5
-        t7 = t6
+        t2 = tl.where(m_K, t0, 0.0)
+        t3 = 1.0 / tl.sqrt(tl.sum(t2 * t2, axis=1, keep_dims=True) + 1e-06)
+        t4 = t2 * t3
+        t5 = t4
     else:
-        t7 = t0
+        t5 = t0
     if flag_use_qk_l2norm_in_kernel:
-        t8 = tl.where(m_K, t1, 0.0)
-        t9 = 1.0 / tl.sqrt(tl.sum(t8 * t8, axis=1, keep_dims=True) + 1e-06)
-        t10 = t8 * t9
-        t11 = t10
+        t6 = tl.where(m_K, t1, 0.0)
+        t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
+        t8 = t6 * t7
+        t9 = t8
     else:
-        t11 = t1
-    if flag_use_beta_sigmoid_in_kernel:
-        t12 = tl.sigmoid(t3)
-        t13 = t12
-    else:
-        t13 = t3
-    if flag_allow_neg_eigval:
-        t14 = 2.0 * t13
-        t15 = t14
-    else:
-        t15 = t13
-    if flag_use_gate_in_kernel:
-        t16 = tl.load(p_A_log + i_h).to(tl.float32)
-        t17 = tl.exp(t16)
-        t18 = -t17
-        t19 = tl.load(p_dt_bias + i_h).to(tl.float32)
-        t20 = t2 + t19
-        t21 = tl.where(t20 > 20.0, t20, tl.log(1.0 + tl.exp(tl.minimum(t20, 20.0))))
-        t22 = t18 * t21
-        t23 = t22
-    else:
-        t23 = t2
+        t9 = t1
 
-    tl.store(y_q + row * K + o_K, t7.to(y_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_k + row * K + o_K, t11.to(y_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_g + row, t23.to(y_g.dtype.element_ty), mask=m_r)
-    tl.store(y_beta + row, t15.to(y_beta.dtype.element_ty), mask=m_r)
+    tl.store(y_q + row * K + o_K, t5.to(y_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(y_k + row * K + o_K, t9.to(y_k.dtype.element_ty), mask=m_r & m_K)
 
 
 @triton.jit
-def gated_delta_rule_transform_bwd_kernel(
-    x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, dy_q, dy_k, dy_g, dy_beta, dx_q, dx_k, dx_g, dx_beta, dp_A_log, dp_dt_bias,
+def gated_delta_rule_transform_h_bwd_kernel(
+    x_q, x_k, dy_q, dy_k, dx_q, dx_k,
     pos, n_rows, H, K, V,
-    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_use_gate_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_qk_l2norm_in_kernel: tl.constexpr,
 ):
     # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -120,95 +102,40 @@ def gated_delta_rule_transform_bwd_kernel(
     m_K = o_K < K
     t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_g + row).to(tl.float32)
-    t3 = tl.load(x_beta + row).to(tl.float32)
     if flag_use_qk_l2norm_in_kernel:
-        t4 = tl.where(m_K, t0, 0.0)
-        t5 = 1.0 / tl.sqrt(tl.sum(t4 * t4, axis=1, keep_dims=True) + 1e-06)
-        t6 = t4 * t5
-        t7 = t6
+        t2 = tl.where(m_K, t0, 0.0)
+        t3 = 1.0 / tl.sqrt(tl.sum(t2 * t2, axis=1, keep_dims=True) + 1e-06)
+        t4 = t2 * t3
+        t5 = t4
     else:
-        t7 = t0
+        t5 = t0
     if flag_use_qk_l2norm_in_kernel:
-        t8 = tl.where(m_K, t1, 0.0)
-        t9 = 1.0 / tl.sqrt(tl.sum(t8 * t8, axis=1, keep_dims=True) + 1e-06)
-        t10 = t8 * t9
-        t11 = t10
+        t6 = tl.where(m_K, t1, 0.0)
+        t7 = 1.0 / tl.sqrt(tl.sum(t6 * t6, axis=1, keep_dims=True) + 1e-06)
+        t8 = t6 * t7
+        t9 = t8
     else:
-        t11 = t1
-    if flag_use_beta_sigmoid_in_kernel:
-        t12 = tl.sigmoid(t3)
-        t13 = t12
-    else:
-        t13 = t3
-    if flag_allow_neg_eigval:
-        t14 = 2.0 * t13
-        t15 = t14
-    else:
-        t15 = t13
-    if flag_use_gate_in_kernel:
-        t16 = tl.load(p_A_log + i_h).to(tl.float32)
-        t17 = tl.exp(t16)
-        t18 = -t17
-        t19 = tl.load(p_dt_bias + i_h).to(tl.float32)
-        t20 = t2 + t19
-        t21 = tl.where(t20 > 20.0, t20, tl.log(1.0 + tl.exp(tl.minimum(t20, 20.0))))
-        t22 = t18 * t21
-        t23 = t22
-    else:
-        t23 = t2
+        t9 = t1
 
     dy0 = tl.load(dy_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
     dy1 = tl.load(dy_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    dy2 = tl.load(dy_g + row).to(tl.float32)
-    dy3 = tl.load(dy_beta + row).to(tl.float32)
-    if flag_use_gate_in_kernel:
-        d0 = dy2
-        d1 = d0 * t21
-        d2 = d0 * t18
-        d3 = d2 * tl.sigmoid(t20)
-        d4 = d3
-        d5 = d3
-        d6 = -d1
-        d7 = d6 * t17
-        d8 = d4
-    else:
-        d8 = dy2
-        d5 = tl.zeros([BR, 1], dtype=tl.float32)
-        d7 = tl.zeros([BR, 1], dtype=tl.float32)
-    if flag_allow_neg_eigval:
-        d9 = dy3
-        d10 = d9 * 2.0
-        d11 = d10
-    else:
-        d11 = dy3
-    if flag_use_beta_sigmoid_in_kernel:
-        d12 = d11
-        d13 = d12 * t12 * (1.0 - t12)
-        d14 = d13
-    else:
-        d14 = d11
     if flag_use_qk_l2norm_in_kernel:
-        d15 = dy1
-        d16 = tl.where(m_K, t9 * (d15 - t10 * tl.sum(d15 * t10, axis=1, keep_dims=True)), 0.0)
-        d17 = d16
+        d0 = dy1
+        d1 = tl.where(m_K, t7 * (d0 - t8 * tl.sum(d0 * t8, axis=1, keep_dims=True)), 0.0)
+        d2 = d1
     else:
-        d17 = dy1
+        d2 = dy1
     if flag_use_qk_l2norm_in_kernel:
-        d18 = dy0
-        d19 = tl.where(m_K, t5 * (d18 - t6 * tl.sum(d18 * t6, axis=1, keep_dims=True)), 0.0)
-        d20 = d19
+        d3 = dy0
+        d4 = tl.where(m_K, t3 * (d3 - t4 * tl.sum(d3 * t4, axis=1, keep_dims=True)), 0.0)
+        d5 = d4
     else:
-        d20 = dy0
-    tl.store(dx_q + row * K + o_K, (d20).to(dx_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_k + row * K + o_K, (d17).to(dx_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_g + row, (d8).to(dx_g.dtype.element_ty), mask=m_r)
-    tl.store(dx_beta + row, (d14).to(dx_beta.dtype.element_ty), mask=m_r)
-    tl.store(dp_A_log + row, d7, mask=m_r)
-    tl.store(dp_dt_bias + row, d5, mask=m_r)
+        d5 = dy0
+    tl.store(dx_q + row * K + o_K, (d5).to(dx_q.dtype.element_ty), mask=m_r & m_K)
+    tl.store(dx_k + row * K + o_K, (d2).to(dx_k.dtype.element_ty), mask=m_r & m_K)
 
 
-def _geometry(sources, head_dims, direction):
+def _geometry_h(sources, head_dims, direction):
     """Flat (token, head) rows, H, K, V (``head_dims``), their padded tiles, and the launch of the
     ``direction`` ("fwd" or "bwd") kernel: grid, BR, warps."""
     B, T, H = sources[0].shape[:3]
@@ -221,19 +148,19 @@ def _geometry(sources, head_dims, direction):
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
-class GatedDeltaRuleTransforms(torch.autograd.Function):
+class GatedDeltaRuleTransformsH(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, head_dims, flags, *tensors):
-        sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
+        sources, heads = tensors[:len(_SOURCES_H)], tensors[len(_SOURCES_H):]
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, head_dims, "fwd")
         B, T = sources[0].shape[:2]
         outs = []
-        for out in _OUTPUTS:
+        for out in _OUTPUTS_H:
             name, dim = out.split(":")
             shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-            dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
+            dtype = torch.float32 if name in _FP32_OUTPUTS_H else sources[0].dtype
             outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
-        gated_delta_rule_transform_fwd_kernel[grid](
+        gated_delta_rule_transform_h_fwd_kernel[grid](
             *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
         )
         ctx.save_for_backward(positions, *tensors)
@@ -245,12 +172,179 @@ class GatedDeltaRuleTransforms(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         positions, *tensors = ctx.saved_tensors
-        sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, ctx.head_dims, "bwd")
+        sources, heads = tensors[:len(_SOURCES_H)], tensors[len(_SOURCES_H):]
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, ctx.head_dims, "bwd")
         dx = tuple(torch.empty_like(x) for x in sources)
         dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
         grads = tuple(g.contiguous() for g in grads)
-        gated_delta_rule_transform_bwd_kernel[grid](
+        gated_delta_rule_transform_h_bwd_kernel[grid](
+            *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
+            BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,
+        )
+        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        return (None, None, None, None, *dx, *dh)
+
+
+# ----------------------------------------------------------------------------- the lines on the HV heads
+# (g, beta, A_log, dt_bias): one kernel pair over the [B * T * HV] rows of these inputs
+
+_SOURCES_HV = ['g', 'beta']
+# the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
+_OUTPUTS_HV = ['g:', 'beta:']
+_FP32_OUTPUTS_HV = ['g']
+
+
+@triton.jit
+def gated_delta_rule_transform_hv_fwd_kernel(
+    x_g, x_beta, p_A_log, p_dt_bias, y_g, y_beta,
+    pos, n_rows, H, K, V,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_use_gate_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
+):
+    # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = (o_r < n_rows)[:, None]
+    row = tl.minimum(o_r, n_rows - 1)[:, None]
+    i_h = row % H
+    t0 = tl.load(x_g + row).to(tl.float32)
+    t1 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_beta_sigmoid_in_kernel:
+        t2 = tl.sigmoid(t1)
+        t3 = t2
+    else:
+        t3 = t1
+    if flag_allow_neg_eigval:
+        t4 = 2.0 * t3
+        t5 = t4
+    else:
+        t5 = t3
+    if flag_use_gate_in_kernel:
+        t6 = tl.load(p_A_log + i_h).to(tl.float32)
+        t7 = tl.exp(t6)
+        t8 = -t7
+        t9 = tl.load(p_dt_bias + i_h).to(tl.float32)
+        t10 = t0 + t9
+        t11 = tl.where(t10 > 20.0, t10, tl.log(1.0 + tl.exp(tl.minimum(t10, 20.0))))
+        t12 = t8 * t11
+        t13 = t12
+    else:
+        t13 = t0
+
+    tl.store(y_g + row, t13.to(y_g.dtype.element_ty), mask=m_r)
+    tl.store(y_beta + row, t5.to(y_beta.dtype.element_ty), mask=m_r)
+
+
+@triton.jit
+def gated_delta_rule_transform_hv_bwd_kernel(
+    x_g, x_beta, p_A_log, p_dt_bias, dy_g, dy_beta, dx_g, dx_beta, dp_A_log, dp_dt_bias,
+    pos, n_rows, H, K, V,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, flag_use_beta_sigmoid_in_kernel: tl.constexpr, flag_use_gate_in_kernel: tl.constexpr, flag_allow_neg_eigval: tl.constexpr,
+):
+    # BR consecutive rows of the flat [B * T * H] index; past the end, the last row again (stores masked)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = (o_r < n_rows)[:, None]
+    row = tl.minimum(o_r, n_rows - 1)[:, None]
+    i_h = row % H
+    t0 = tl.load(x_g + row).to(tl.float32)
+    t1 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_beta_sigmoid_in_kernel:
+        t2 = tl.sigmoid(t1)
+        t3 = t2
+    else:
+        t3 = t1
+    if flag_allow_neg_eigval:
+        t4 = 2.0 * t3
+        t5 = t4
+    else:
+        t5 = t3
+    if flag_use_gate_in_kernel:
+        t6 = tl.load(p_A_log + i_h).to(tl.float32)
+        t7 = tl.exp(t6)
+        t8 = -t7
+        t9 = tl.load(p_dt_bias + i_h).to(tl.float32)
+        t10 = t0 + t9
+        t11 = tl.where(t10 > 20.0, t10, tl.log(1.0 + tl.exp(tl.minimum(t10, 20.0))))
+        t12 = t8 * t11
+        t13 = t12
+    else:
+        t13 = t0
+
+    dy0 = tl.load(dy_g + row).to(tl.float32)
+    dy1 = tl.load(dy_beta + row).to(tl.float32)
+    if flag_use_gate_in_kernel:
+        d0 = dy0
+        d1 = d0 * t11
+        d2 = d0 * t8
+        d3 = d2 * tl.sigmoid(t10)
+        d4 = d3
+        d5 = d3
+        d6 = -d1
+        d7 = d6 * t7
+        d8 = d4
+    else:
+        d8 = dy0
+        d5 = tl.zeros([BR, 1], dtype=tl.float32)
+        d7 = tl.zeros([BR, 1], dtype=tl.float32)
+    if flag_allow_neg_eigval:
+        d9 = dy1
+        d10 = d9 * 2.0
+        d11 = d10
+    else:
+        d11 = dy1
+    if flag_use_beta_sigmoid_in_kernel:
+        d12 = d11
+        d13 = d12 * t2 * (1.0 - t2)
+        d14 = d13
+    else:
+        d14 = d11
+    tl.store(dx_g + row, (d8).to(dx_g.dtype.element_ty), mask=m_r)
+    tl.store(dx_beta + row, (d14).to(dx_beta.dtype.element_ty), mask=m_r)
+    tl.store(dp_A_log + row, d7, mask=m_r)
+    tl.store(dp_dt_bias + row, d5, mask=m_r)
+
+
+def _geometry_hv(sources, head_dims, direction):
+    """Flat (token, head) rows, H, K, V (``head_dims``), their padded tiles, and the launch of the
+    ``direction`` ("fwd" or "bwd") kernel: grid, BR, warps."""
+    B, T, H = sources[0].shape[:3]
+    # a head dim that no loaded or stored vector runs over is 1: it sizes nothing
+    K = 1
+    V = 1
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
+    rows = B * T * H
+    BR, warps = row_tile(rows, max(BK, BV), direction)
+    return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
+
+
+class GatedDeltaRuleTransformsHV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, positions, rope_dims, head_dims, flags, *tensors):
+        sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, head_dims, "fwd")
+        B, T = sources[0].shape[:2]
+        outs = []
+        for out in _OUTPUTS_HV:
+            name, dim = out.split(":")
+            shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
+            dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[0].dtype
+            outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
+        gated_delta_rule_transform_hv_fwd_kernel[grid](
+            *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
+        )
+        ctx.save_for_backward(positions, *tensors)
+        ctx.rope_dims = rope_dims
+        ctx.head_dims = head_dims
+        ctx.flags = flags
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        positions, *tensors = ctx.saved_tensors
+        sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
+        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, ctx.head_dims, "bwd")
+        dx = tuple(torch.empty_like(x) for x in sources)
+        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
+        grads = tuple(g.contiguous() for g in grads)
+        gated_delta_rule_transform_hv_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,
         )
@@ -281,6 +375,14 @@ def gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_o
         ValueError, TypeError: as gated_delta_rule_transform_args, before any launch.
     """
     positions, rope_dims = gated_delta_rule_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
-    return GatedDeltaRuleTransforms.apply(
-        positions, rope_dims, (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0]), "flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3]), }, q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
-    )
+    # the lines on the H heads; with their flags off, the inputs as they are
+    if flags[0]:
+        _q, _k = GatedDeltaRuleTransformsH.apply(positions, (), (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0])}, q.contiguous(), k.contiguous())
+    else:
+        _q, _k = q.contiguous(), k.contiguous()
+    # the lines on the HV heads; with their flags off, the inputs as they are
+    if flags[1] or flags[2] or flags[3]:
+        _g, _beta = GatedDeltaRuleTransformsHV.apply(positions, (), (call.K, call.V), {"flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3])}, g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous())
+    else:
+        _g, _beta = g.contiguous(), beta.contiguous()
+    return _q, _k, _g, _beta

@@ -1,7 +1,8 @@
 """Grouped value heads in the DSL: q, k on H heads, v / gates / beta / state on HV = r·H heads.
 
-Checks with positions, the layouts the emitter gives the runtime, CheckedSpec.grouped, and the host-side
-fallback the generated functions carry (no kernel runs here)."""
+Checks with positions, the layouts the emitter gives the runtime, CheckedSpec.grouped, the kernels that read
+the key-side heads themselves, the pass split by heads, and the host-side fallback the generated functions
+carry otherwise (no kernel runs here)."""
 
 import pytest
 
@@ -96,17 +97,18 @@ def _files(source: str) -> dict[str, str]:
     return {f.path: f.text for f in emit_package(rec)}
 
 
-def test_grouped_layouts_and_the_host_fallback_are_emitted():
+def test_grouped_layouts_and_the_kernels_that_group_are_emitted():
     files = _files(GROUPED)
     chunk = files["t/chunk.py"]
     for arg, layout in (("q", "BTHK"), ("k", "BTHK"), ("v", "BTGV"), ("g", "BTG"), ("beta", "BTG")):
         assert f'TensorArg("{arg}", "{layout}"' in chunk
         assert f"({arg!r}, {layout!r}," in files["t/__init__.py"]
-    # the chunk kernels get q, k repeated on the host; the fused recurrent kernels read head hv // (HV / H)
-    assert "if call.HV != call.H:" in chunk and "if call.HV != call.H:" not in files["t/fused_recurrent.py"]
+    # both the chunked delta-rule kernels and the fused recurrent ones read head hv // (HV / H): no host repeat
+    assert "repeat_interleave" not in chunk and "repeat_interleave" not in files["t/fused_recurrent.py"]
     assert "row_k = (bos + t) * H + i_hk" in files["t/fused_recurrent.py"]
-    assert "q = q.repeat_interleave(groups, dim=2)" in chunk
-    assert "v = v.repeat_interleave" not in chunk
+    assert "i_hk = i_h // (H // HK)" in chunk and "k_c = k + t0 * HK * K + i_hk * K" in chunk
+    # dq and dk: per value head, summed over each group by the launcher
+    assert "dq, dk = launch.sum_groups(dq, HK), launch.sum_groups(dk, HK)" in chunk
     assert "v: [B, T, HV, V] values" in chunk
     assert "final_state: [N, HV, K, V]" in chunk
     ref = files["t/reference.py"]
@@ -141,8 +143,11 @@ def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
     its op skips the host-side repeat, the other op of the spec keeps it."""
     import fla_gen.emit as emit
 
-    rec = canonicalize(checked(GROUPED))
+    # a gated linear attention: the scalar-gate chunk template, which does not group heads
+    rec = canonicalize(checked(GROUPED.replace("input beta: [B, T, HV]\n", "").replace(
+        "update S = S + beta * outer(k, v - S^T @ k)", "update S = S + outer(k, v)")))
     chunk_algo, _ = select_algorithms(rec)
+    assert "repeat_interleave" in {f.path: f.text for f in emit.emit_package(rec)}["t/chunk.py"]
     assert not emit.kernel_groups_heads(lower(rec), chunk_algo)
     monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
     assert emit.kernel_groups_heads(lower(rec), chunk_algo)
@@ -151,22 +156,41 @@ def test_templates_that_group_heads_get_the_tensors_as_they_are(monkeypatch):
     assert "if call.HV != call.H:" in files["t/fused_recurrent.py"]
 
 
-def test_transforms_over_both_kinds_of_heads_keep_the_host_fallback(monkeypatch):
-    """The transform pass walks one set of rows for all its targets: q on H and beta on HV cannot share it, so
-    the autograd path repeats q on the host (the grouping kernel then runs with H = HV), while the decode
-    path without autograd launches the grouping kernel on the raw inputs, before that repeat."""
+def test_transforms_over_both_kinds_of_heads_run_as_one_pass_per_head_count():
+    """Lines on H (q) and on HV (beta) run as two kernel pairs, each over the rows of its own inputs: the
+    grouping kernels then take q and k as given, with no host repeat."""
     import fla_gen.emit as emit
+    from fla_gen.transforms import transform_parts
 
     source = GROUPED.replace("param scale = K ** -0.5\n",
                              "param scale = K ** -0.5\ntransform q = l2norm(q)\ntransform beta = sigmoid(beta)\n")
     rec = canonicalize(checked(source))
-    recurrent = {f.path: f.text for f in emit.emit_package(rec)}["t/fused_recurrent.py"]
-    assert recurrent.index("transform_args=(") < recurrent.index("if call.HV != call.H:")
+    parts = transform_parts(lower(rec))
+    assert [(p.heads, [n for n, _ in p.kernel.sources]) for p in parts] == [(Heads.H, ["q"]), (Heads.HV, ["beta"])]
+    files = {f.path: f.text for f in emit.emit_package(rec)}
+    for algo in select_algorithms(rec):
+        assert emit.kernel_groups_heads(lower(rec), algo) and not emit.host_repeats_heads(lower(rec), algo)
+    assert "repeat_interleave" not in files["t/chunk.py"] + files["t/fused_recurrent.py"]
+    assert "_q, = TTransformsH.apply(" in files["t/transforms.py"]
+    assert "_beta, = TTransformsHV.apply(" in files["t/transforms.py"]
+
+
+def test_a_transform_line_over_both_kinds_of_heads_keeps_the_host_fallback():
+    """A line of an HV input that reads an H per-head input cannot run on either head count alone: the autograd
+    path repeats the H-head inputs on the host (the grouping kernels then run with H = HV), while the decode
+    path without autograd launches the grouping kernel on the raw inputs, before that repeat."""
+    import fla_gen.emit as emit
+    from fla_gen.transforms import transform_parts
+
+    source = GROUPED.replace("state S", "input A_log: [H]\nstate S").replace(
+        "param scale = K ** -0.5\n", "param scale = K ** -0.5\ntransform q = l2norm(q)\n"
+        "transform g = -exp(A_log) * softplus(g)\n")
+    rec = canonicalize(checked(source))
+    assert transform_parts(lower(rec)) is None
     chunk_algo, _ = select_algorithms(rec)
-    monkeypatch.setattr(emit, "GROUPING_TEMPLATES", frozenset({chunk_algo.template}))
-    assert emit.kernel_groups_heads(lower(rec), chunk_algo)
-    assert emit.host_repeats_heads(lower(rec), chunk_algo)
-    only_hv = canonicalize(checked(GROUPED.replace("param scale = K ** -0.5\n",
-                                                   "param scale = K ** -0.5\ntransform beta = sigmoid(beta)\n")))
-    assert emit.kernel_groups_heads(lower(only_hv), chunk_algo)
-    assert not emit.host_repeats_heads(lower(only_hv), chunk_algo)
+    assert emit.kernel_groups_heads(lower(rec), chunk_algo) and emit.host_repeats_heads(lower(rec), chunk_algo)
+    files = {f.path: f.text for f in emit.emit_package(rec)}
+    assert "q = q.repeat_interleave(groups, dim=2)" in files["t/chunk.py"]
+    assert "A_log = A_log.repeat_interleave(groups, dim=0)" in files["t/chunk.py"]
+    recurrent = files["t/fused_recurrent.py"]
+    assert recurrent.index("transform_args=(") < recurrent.index("if call.HV != call.H:")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fla_gen.sample import relative_error
 from fla_gen.verify import TOLERANCE, compare_with_reference
-from tests.support import generated, poisoned_allocations
+from tests.support import assert_gradients_match_reference, generated, grads_of, poisoned_allocations
 
 OP = "gated_delta_rule"
 B, T, H, K, V = 2, 24, 2, 16, 16
@@ -62,33 +62,11 @@ def gate_params(seed: int) -> dict:
             "g": torch.randn(B, T, H, generator=gen)}
 
 
-def grads_of(fn, leaves: dict, keywords: tuple, **kwargs):
-    """o, final state and the gradient of every leaf of ``fn(positional leaves, keyword leaves, **kwargs)``,
-    under fixed random output weights."""
-    positional = [t for n, t in leaves.items() if n not in keywords and n != "initial_state"]
-    o, ht = fn(*positional, initial_state=leaves.get("initial_state"), output_final_state=True,
-               **{n: leaves[n] for n in keywords}, **kwargs)
-    gen = torch.Generator().manual_seed(99)
-    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
-    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (ht * dht.to(ht.dtype)).sum(), list(leaves.values()),
-                                allow_unused=True)  # an input only a switched-off line reads: zero gradient
-    return o, ht, {n: torch.zeros_like(x) if d is None else d for (n, x), d in zip(leaves.items(), grads, strict=True)}
-
-
 def assert_op_and_gradients_match_reference(mode: str, x: dict, keywords: tuple, flags: dict) -> None:
-    """The op (outputs poisoned first) against the float64 reference on inputs ``x``: o, the final state and the
-    gradient of every input, by relative norm error."""
+    """<mode>_gated_delta_rule against its float64 reference on inputs ``x`` (tests/support.py)."""
     pkg = generated(OP)
-    with poisoned_allocations():
-        o, ht, grads = grads_of(getattr(pkg, f"{mode}_{OP}"), {n: t.clone().requires_grad_(True) for n, t in
-                                                               x.items()}, keywords, **flags)
-    o_r, ht_r, grads_r = grads_of(getattr(pkg, f"{OP}_reference"),
-                                  {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **flags)
-    tol_fwd, tol_grad = TOLERANCE[torch.float32]
-    errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
-    assert all(e <= tol_fwd for e in errors.values()), errors
-    errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
-    assert all(e <= tol_grad for e in errors.values()), errors
+    assert_gradients_match_reference(getattr(pkg, f"{mode}_{OP}"), getattr(pkg, f"{OP}_reference"), x, keywords,
+                                     **flags)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])

@@ -3,22 +3,38 @@ v, g, beta [B, T, HV, ...] and the state [N, HV, K, V], HV = 2·H, against the f
 
 The reference itself is checked against an independent oracle: the ungrouped reference of the same
 recurrence run on q and k repeated over their groups, whose dq and dk summed over each group must be
-the grouped dq and dk."""
+the grouped dq and dk.
+
+The chunked delta-rule kernels (chunk_delta.jinja: gated_delta_rule's scalar gate, and KDA's per-channel gate
+on a grouped copy of specs/kda.fla) read q and k at their key-side head themselves, and the spec's transforms
+run as one pass per head count (q, k on H; beta, g on HV): with autograd and fla's switches on, no q or k is
+repeated to the value heads."""
 
 import importlib
 import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.parse import parse_spec
+from fla_gen.runtime import launch
+from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from fla_gen.verify import TOLERANCE, compare_with_reference
 from fla_gen.write import write_files
-from tests.support import REPO_ROOT, generated, poisoned_allocations, recurrence
+from tests.support import (
+    REPO_ROOT,
+    assert_gradients_match_reference,
+    built_package,
+    generated,
+    poisoned_allocations,
+    recurrence,
+    spy_on_launch,
+)
 
 H, HV, K, V = 2, 4, 16, 16
 GROUPS = HV // H
@@ -149,3 +165,128 @@ def test_grouped_gla_decode_path(grouped_gla):
     tol = TOLERANCE[torch.float32][0]
     assert o.shape == (2, 9, HV, V)
     assert relative_error(o, ref_o) < tol and relative_error(ht, ref_ht) < tol
+
+
+def _raw_grouped_inputs(B: int, T: int, N: int, dims: tuple[int, int], seed: int, channel_gate: bool,
+                        gate_in_kernel: bool) -> dict:
+    """q, k unnormalized on H heads (use_qk_l2norm_in_kernel normalizes them), beta as logits, v and g on HV
+    value heads: g raw for use_gate_in_kernel, else a log decay logsigmoid(N(0, 1)) (per key channel with a
+    per-channel gate); the initial state [N, HV, K, V]."""
+    Kd, Vd = dims
+    gen = torch.Generator().manual_seed(seed)
+    g_shape = (B, T, HV, Kd) if channel_gate else (B, T, HV)
+    g = torch.randn(g_shape, generator=gen)
+    return {"q": torch.randn(B, T, H, Kd, generator=gen), "k": torch.randn(B, T, H, Kd, generator=gen),
+            "v": torch.randn(B, T, HV, Vd, generator=gen), "g": g if gate_in_kernel else F.logsigmoid(g),
+            "beta": torch.randn(B, T, HV, generator=gen), "initial_state": torch.randn(N, HV, Kd, Vd, generator=gen)}
+
+
+def _gdn_flag_case(B: int, T: int, cu_seqlens: list[int] | None, dims: tuple[int, int], gate_in_kernel: bool,
+                   seed: int) -> tuple[dict, tuple, dict]:
+    """Inputs, keyword inputs and flags of a grouped chunk_gated_delta_rule call with fla's switches on."""
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    x = _raw_grouped_inputs(B, T, N, dims, seed, channel_gate=False, gate_in_kernel=gate_in_kernel)
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": gate_in_kernel,
+             "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
+    if not gate_in_kernel:
+        return x, (), flags
+    gen = torch.Generator().manual_seed(seed + 1)
+    x["A_log"] = torch.empty(HV).uniform_(-3.0, 0.0, generator=gen)  # Qwen3-Next's range: decays in (0.2, 1)
+    x["dt_bias"] = torch.randn(HV, generator=gen)
+    return x, ("A_log", "dt_bias"), flags
+
+
+# T = 70: a partial second chunk; the varlen case has an empty sequence and one over a chunk boundary.
+@pytest.mark.parametrize(("gate_in_kernel", "cu_seqlens", "dims"), [
+    (False, None, (16, 16)), (True, None, (32, 16)), (True, [0, 13, 13, 84], (16, 32))])
+def test_gated_delta_rule_grouped_chunk_with_switches(gate_in_kernel, cu_seqlens, dims):
+    B, T = (2, 70) if cu_seqlens is None else (1, cu_seqlens[-1])
+    x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, dims, gate_in_kernel, seed=31)
+    pkg = generated("gated_delta_rule")
+    assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords, **flags)
+
+
+@pytest.mark.parametrize("sms", [0, 1000])
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 63, 64, 64, 130]])
+def test_gated_delta_rule_grouped_fused_and_split_forwards(sms, cu_seqlens, monkeypatch):
+    """With the H100's plans the forward is fwd_fused off CUDA (0 SMs) and fwd_h + fwd_o as on a GPU with 1000
+    SMs (launch.fused_walk_tile): both with grouped heads (w stored group-major, read with the q and k tiles'
+    offsets) against the float64 reference, every gradient, over chunk boundaries and an empty sequence."""
+    B, T = (2, 100) if cu_seqlens is None else (1, cu_seqlens[-1])
+    x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, (32, 64) if cu_seqlens is None else (64, 32),
+                                        gate_in_kernel=True, seed=37)
+    tiles = spy_on_launch(monkeypatch, "fused_walk_tile")
+    pkg = generated("gated_delta_rule")
+    with forced_arch("sm90"), launch.forced_sm_count(sms):
+        assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords,
+                                         **flags)
+    assert tiles and all((tile > 0) == (sms == 0) for tile in tiles), tiles
+
+
+def _forbid_repeats(monkeypatch) -> None:
+    """Make repeat_interleave of a float32 tensor fail: the ops under test run in fp32, while their float64
+    reference repeats q and k over the groups itself (reference.py) and may."""
+    tensor_repeat, repeat = torch.Tensor.repeat_interleave, torch.repeat_interleave
+
+    def checked(real):
+        def call(x, *args, **kwargs):
+            if x.dtype == torch.float32:
+                raise AssertionError("q or k was repeated to the value heads")
+            return real(x, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", checked(tensor_repeat))
+    monkeypatch.setattr(torch, "repeat_interleave", checked(repeat))
+
+
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 9, 40]])
+def test_grouped_chunk_with_autograd_repeats_no_heads(cu_seqlens, monkeypatch):
+    """Forward and backward of a grouped chunk_gated_delta_rule with every switch on: no repeat_interleave,
+    both parts of the pass run (q, k on H heads; g, beta on HV), the kernels' per-value-head dq and dk are
+    summed over the groups (launch.sum_groups), and the gradients still match the reference."""
+    B, T = (2, 40) if cu_seqlens is None else (1, cu_seqlens[-1])
+    x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, (16, 16), gate_in_kernel=True, seed=33)
+    pkg = generated("gated_delta_rule")
+    transforms = pkg.transforms
+    ran = []
+    for part in ("GatedDeltaRuleTransformsH", "GatedDeltaRuleTransformsHV"):
+        real = getattr(transforms, part).apply
+        monkeypatch.setattr(getattr(transforms, part), "apply",
+                            lambda *a, real=real, part=part: (ran.append((part, a[4].shape)), real(*a))[1])
+    summed = spy_on_launch(monkeypatch, "sum_groups")
+    _forbid_repeats(monkeypatch)
+    assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords, **flags)
+    assert ("GatedDeltaRuleTransformsH", x["q"].shape) in ran and ("GatedDeltaRuleTransformsHV", x["g"].shape) in ran
+    assert [t.shape for t in summed] == [x["q"].shape, x["k"].shape]
+
+
+def _grouped_kda_spec() -> str:
+    """specs/kda.fla with v, g and beta on HV value heads (KDA's chunk kernels are chunk_delta's per-channel
+    rendering; the shipped spec has HV = H)."""
+    text = (REPO_ROOT / "specs" / "kda.fla").read_text().replace("op kda", "op grouped_kda")
+    for line in ("input v: [B, T, H, V]", "input g: [B, T, H, K]", "input beta: [B, T, H]"):
+        assert line in text
+        text = text.replace(line, line.replace("H", "HV", 1))
+    return text
+
+
+@pytest.fixture(scope="module")
+def grouped_kda(tmp_path_factory):
+    with built_package(_grouped_kda_spec(), tmp_path_factory.mktemp("grouped_kda"), "grouped_kda") as (rec, pkg):
+        assert rec.spec.grouped
+        yield pkg
+
+
+@pytest.mark.parametrize(("l2norm", "cu_seqlens"), [(True, None), (False, [0, 13, 13, 84])])
+def test_grouped_kda_chunk(grouped_kda, l2norm, cu_seqlens, monkeypatch):
+    """The per-channel rendering with grouped heads, q and k L2-normalized by the switch (or given unit-norm):
+    outputs and every gradient against the float64 reference, with no repeat of q or k."""
+    B, T = (2, 70) if cu_seqlens is None else (1, cu_seqlens[-1])
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    x = _raw_grouped_inputs(B, T, N, (16, 32), seed=35, channel_gate=True, gate_in_kernel=False)
+    if not l2norm:
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+    flags = {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": True,
+             "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
+    _forbid_repeats(monkeypatch)
+    assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
