@@ -20,6 +20,7 @@ from fla_gen.ir import Heads
 from fla_gen.lower import lower
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.runtime.launch import forced_sm_count
+from fla_gen.runtime.segments import forced_segment_chunks
 from fla_gen.sample import sample_inputs
 
 ARCH_OF_CAP = {80: "sm80", 86: "sm86", 89: "sm89", 90: "sm90", 100: "sm100"}
@@ -101,10 +102,13 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
             suffix = "" if i == 0 else f"_k{head_dim}"
             for varlen in (False, True) if i == 0 and cap in varlen_caps else (False,):
                 # The plan's tiles, and for dense calls also the tiles the launchers pick on the target's GPU,
-                # where these small grids split the state walk (launch.state_walk_tiles).
+                # where these small grids split the state walk (launch.state_walk_tiles), and there with the
+                # sequences split into segments (fla_gen/runtime/segments.py: one chunk each, so that these
+                # short calls take that path; a no-op for the algorithms that do not split).
                 launches = []
-                for sms in (0,) if varlen else (0, SM_COUNT_OF_CAP[cap]):
-                    with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms):
+                for sms, segment_chunks in ((0, 0),) if varlen else ((0, 0), (SM_COUNT_OF_CAP[cap], 0),
+                                                                      (SM_COUNT_OF_CAP[cap], 1)):
+                    with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms), forced_segment_chunks(segment_chunks):
                         launches += capture_launches(lambda v=varlen, d=head_dim: [
                             _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
                         ])

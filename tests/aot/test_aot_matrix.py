@@ -47,6 +47,12 @@ def test_every_kernel_compiles_cleanly_for_every_target(aot_reports):
             kernels = {r["kernel"] for r in rows if r["op"] == op and r["cap"] == cap}
             assert any("recurrent_fwd" in k for k in kernels) and any("fwd_h" in k for k in kernels), (spec, cap)
     assert {r["variant"] for r in rows if r["cap"] in (89, 90)} >= {"dense", "varlen"}
+    # the walks over sequence segments and their scan, for every algorithm that splits long sequences
+    for spec in SPECS:
+        rec = recurrence(spec.stem)
+        if any(a.splits_sequences for a in select_algorithms(rec)):
+            for cap in caps:
+                assert any("segment_scan" in r["kernel"] for r in rows if r["op"] == rec.spec.op and r["cap"] == cap)
     # every plan row of the other head-dim buckets compiles too (gla at 256 once overflowed sm90's shared
     # memory, found only on the H100): every spec has rows at 64 and 256 on sm90
     for spec in SPECS:
