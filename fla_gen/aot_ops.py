@@ -18,15 +18,16 @@ from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, co
 from fla_gen.canonical import Recurrence
 from fla_gen.ir import Heads
 from fla_gen.lower import lower
+from fla_gen.plan import ARCHS
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.runtime.launch import forced_sm_count
 from fla_gen.runtime.segments import forced_segment_chunks
 from fla_gen.sample import sample_inputs
 
 ARCH_OF_CAP = {80: "sm80", 86: "sm86", 89: "sm89", 90: "sm90", 100: "sm100"}
-# SMs of one GPU per target (A100, A6000, L40S, H100 SXM, B200): the AOT calls' grids (2 sequences x 2
-# heads) are far below any of them, so their state walks take launch.state_walk_tiles' smallest tiles.
-SM_COUNT_OF_CAP = {80: 108, 86: 84, 89: 142, 90: 132, 100: 148}
+# SMs of one GPU per target (plan.ArchInfo.sm_count): the AOT calls' grids (2 sequences x 2 heads) are far
+# below any of them, so their state walks take launch.state_walk_tiles' smallest tiles.
+SM_COUNT_OF_CAP = {cap: ARCHS[arch].sm_count for cap, arch in ARCH_OF_CAP.items()}
 
 
 @dataclass(frozen=True)

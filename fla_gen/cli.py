@@ -56,6 +56,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _call_shape(text: str) -> tuple[int, int, int]:
+    """'1x16384x16' -> (B, T, H), each a positive int."""
+    parts = text.lower().split("x")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BxTxH (e.g. 1x16384x16)")
+    return tuple(_positive_int(p) for p in parts)
+
+
 def _display_name(path: Path) -> str:
     """Spec paths are recorded relative to the repo (so generated headers do not name a home dir)."""
     try:
@@ -186,6 +194,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from fla_gen.plan import ARCHS, PlanError, plan_algorithm, select_algorithms
 
+    if args.sms is not None and not args.call:
+        raise UsageError("--sms applies to --call: give the call's BxTxH too")
     rec, _ = compile_spec(Path(args.spec))  # what build refuses, plan refuses
     algos = select_algorithms(rec)
     try:
@@ -213,7 +223,44 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         for stage, c in p.kernels:
             print(f"  {stage:<12} BK={c.block_k:<4} BV={c.block_v:<4} warps={c.num_warps} stages={c.num_stages}"
                   f"  # {c.reason}")
+    if args.call:
+        _print_call_decisions(args, algos[0], plans[0], arch.sm_count if args.sms is None else args.sms)
     return EXIT_OK
+
+
+def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> None:
+    """The run-time choices of the chunk launchers for one dense call (``plan --call BxTxH``): the sequence
+    split, the state walk's tiles and whether the forward runs as one fused walk."""
+    from fla_gen.runtime import launch, segments
+
+    B, T, H = args.call
+    V = K = args.head_dim
+    nt = launch.cdiv(T, plan.chunk_size)
+    print(f"\nat run time, q [{B}, {T}, {H}, {K}] on {sms} SMs ({algo.name}):")
+    walks = B * H
+    if algo.splits_sequences:
+        print(f"  sequences    {segments.describe_segment_split(B * nt, nt, B * H, H, V, sms)}")
+        chunks = segments.plan_segment_chunks(B * nt, nt, B * H, H, V, sms)
+        if chunks:
+            walks = B * launch.cdiv(nt, chunks) * H
+            print(f"               {walks // H} segments of {chunks * plan.chunk_size} tokens")
+    else:
+        print("  sequences    walked whole: this algorithm's transition over a segment is not a diagonal decay")
+    stages = dict(plan.kernels)
+    if "fwd_h" in stages:
+        c = stages["fwd_h"]
+        bk, bv = launch.dot_tile(c.block_k, K), launch.dot_tile(c.block_v, V)
+        if "split-whole-k" in c.source.split(","):
+            bv = launch.whole_k_walk_block_v(bv, V, walks, sms)
+        elif "split-walk" in c.source.split(","):
+            bk, bv = launch.state_walk_tiles(bk, bv, K, V, walks, sms)
+        print(f"  fwd_h        [{bk}, {bv}] tiles: {launch.cdiv(K, bk) * launch.cdiv(V, bv) * walks} programs "
+              f"over {walks} walks")
+    if "fwd_fused" in stages:
+        c = stages["fwd_fused"]
+        bv = launch.fused_walk_block_v(launch.dot_tile(c.block_v, V), V, walks, sms, c.min_sm_share)
+        print("  fwd_fused    " + (f"taken, BV={bv}: {launch.cdiv(V, bv) * walks} programs" if bv else
+                                   "not taken: fwd_h + fwd_o"))
 
 
 def _import_package(out_dir: Path, package: str):
@@ -372,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--arch", default="sm90", choices=ARCH_CHOICES, help="target GPU arch (default sm90)")
     plan.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="input dtype (default bf16)")
     plan.add_argument("--head-dim", type=_positive_int, default=128, metavar="D", help="head dim K = V (default 128)")
+    plan.add_argument("--call", type=_call_shape, metavar="BxTxH",
+                      help="also print the launchers' run-time choices for a dense call of q [B, T, H, head dim]: "
+                           "the sequence split, the state walk's tiles, the fused forward walk")
+    plan.add_argument("--sms", type=_positive_int, default=None, metavar="N",
+                      help="SM count for --call (default: the arch's usual GPU: 108 sm80, 84 sm86, 142 sm89, "
+                           "132 sm90, 148 sm100)")
     plan.set_defaults(func=_cmd_plan)
 
     run = sub.add_parser(

@@ -23,24 +23,27 @@ from fla_gen.tuned import FUSED_WALK, tuned_config
 @dataclass(frozen=True)
 class ArchInfo:
     """One compile target. ``smem_per_block``: the opt-in maximum of dynamic shared memory
-    per block in bytes (CUDA C Programming Guide, compute capabilities table)."""
+    per block in bytes (CUDA C Programming Guide, compute capabilities table); ``sm_count``: the SMs of
+    the target's usual GPU (A100, A6000, L40S, H100 SXM, B200), for the launchers' run-time choices where no
+    GPU is present (``fla-gen aot``, ``fla-gen plan --call``)."""
 
     name: str
     capability: int
     smem_per_block: int
     matrix_unit: str
     reason: str
+    sm_count: int
 
 
 ARCHS: dict[str, ArchInfo] = {
     a.name: a
     for a in (
-        ArchInfo("sm80", 80, 166912, "mma.sync", "A100: 163 KB shared memory per block, mma.sync tensor cores"),
-        ArchInfo("sm86", 86, 101376, "mma.sync", "consumer Ampere: 99 KB shared memory per block"),
-        ArchInfo("sm89", 89, 101376, "mma.sync", "Ada (L4, RTX 40): 99 KB shared memory per block"),
+        ArchInfo("sm80", 80, 166912, "mma.sync", "A100: 163 KB shared memory per block, mma.sync tensor cores", 108),
+        ArchInfo("sm86", 86, 101376, "mma.sync", "consumer Ampere: 99 KB shared memory per block", 84),
+        ArchInfo("sm89", 89, 101376, "mma.sync", "Ada (L4, RTX 40): 99 KB shared memory per block", 142),
         ArchInfo("sm90", 90, 232448, "wgmma",
-                 "H100/H200: 227 KB shared memory per block, wgmma (M >= 64, 4-warp groups)"),
-        ArchInfo("sm100", 100, 232448, "tcgen05", "B200: 227 KB shared memory per block"),
+                 "H100/H200: 227 KB shared memory per block, wgmma (M >= 64, 4-warp groups)", 132),
+        ArchInfo("sm100", 100, 232448, "tcgen05", "B200: 227 KB shared memory per block", 148),
     )
 }
 

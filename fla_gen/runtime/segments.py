@@ -101,6 +101,27 @@ def plan_segment_chunks(total_chunks: int, longest_chunks: int, walks: int, head
     return chunks if chunks < longest_chunks else 0
 
 
+def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, heads: int, V: int, sms: int) -> str:
+    """Why plan_segment_chunks decides what it decides for these arguments, in one line (``fla-gen plan --call``)."""
+    chunks = plan_segment_chunks(total_chunks, longest_chunks, walks, heads, V, sms)
+    programs = walks * cdiv(V, WALK_MIN_BLOCK_V)
+    if _forced_segment_chunks is not None:
+        why = f"forced to {_forced_segment_chunks} chunks per segment"
+    elif sms <= 0:
+        why = "no SM count (not a GPU)"
+    elif programs >= SPLIT_BELOW_SM_SHARE * sms:
+        why = (f"{walks} (sequence, head) walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs (V/{WALK_MIN_BLOCK_V}) "
+               f"make {programs} >= {SPLIT_BELOW_SM_SHARE:g} x {sms} SMs")
+    else:
+        why = (f"{walks} walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs make {programs} < "
+               f"{SPLIT_BELOW_SM_SHARE:g} x {sms} SMs; {SEGMENT_WALKS_PER_SM:g} (segment, head) walks per SM wanted, "
+               f"segments of {SEGMENT_MIN_CHUNKS} chunks at least")
+    if not chunks:
+        return f"not split: {why}" + ("" if programs >= SPLIT_BELOW_SM_SHARE * sms or sms <= 0
+                                      else f", and the longest sequence ({longest_chunks} chunks) is too short")
+    return f"split into segments of {chunks} chunks: {why}"
+
+
 def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segment token bounds [S + 1], first chunk of each segment [S + 1], first segment of each sequence
     [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""

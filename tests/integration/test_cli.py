@@ -46,3 +46,28 @@ def test_plan_explains_every_choice(capsys):
 def test_plan_rejects_unknown_arch():
     proc = fla_gen("plan", "specs/gla.fla", "--arch", "sm70")
     assert proc.returncode != 0 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize(("spec", "call", "expected"), [
+    # 16 walks of at most 4 programs (V / 32) are fewer than half the H100's 132 SMs: 2 x 132 (segment, head)
+    # walks wanted over 256 chunks -> segments of 16 chunks, 16 of them
+    ("simple_gla", "1x16384x16", ["split into segments of 16 chunks", "16 segments of 1024 tokens",
+                                  "fwd_fused    taken"]),
+    ("gla", "1x65536x16", ["split into segments of 61 chunks", "17 segments of 3904 tokens", "not taken"]),
+    # 64 walks make 256 programs: no split
+    ("linear_attn", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_fused    taken"]),
+    # the whole-K walk halves V only, while its programs fill at most half the SMs
+    ("gated_delta_rule", "1x16384x16", ["walked whole", "fwd_h        [128, 16] tiles: 128 programs"]),
+])
+def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
+    assert main(["plan", str(REPO_ROOT / "specs" / f"{spec}.fla"), "--arch", "sm90", "--call", call]) == 0
+    out = capsys.readouterr().out
+    assert "on 132 SMs" in out
+    for text in expected:
+        assert text in out, (text, out[-1500:])
+
+
+@pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"]])
+def test_plan_call_misuse_is_a_usage_error(args):
+    proc = fla_gen("plan", "specs/gla.fla", *args)
+    assert proc.returncode == 3 and "--call" in proc.stderr and "Traceback" not in proc.stderr
