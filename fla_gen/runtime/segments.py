@@ -155,29 +155,35 @@ def _dense_tables(B: int, T: int, chunk_size: int, chunks: int, device: torch.de
     return SegmentTables(cu, offsets, first, int(arrays[0].shape[0]) - 1, chunks)
 
 
+def _placeholder_tables(count: int, N: int, chunks: int, device: torch.device) -> SegmentTables:
+    empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
+    return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count, chunks)
+
+
 def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequences: int | None,
-                   bounds: torch.Tensor | None, device: torch.device) -> SegmentTables | None:
+                   bounds: torch.Tensor | None, device: torch.device,
+                   shapes_only: bool = False) -> SegmentTables | None:
     """The segments of a call over q [B, T, H, K] and v [B, T, H, V], or None when its sequences are walked whole.
 
     ``num_sequences``: N of a packed batch (B == 1, ``cu_seqlens`` [N + 1]), None for a dense one;
-    ``bounds``: the CPU copy of that ``cu_seqlens`` (validated), or None while tracing with fake tensors
-    (no values): then the tables are those of the most segments the call could have, uninitialized, which
-    size scratch buffers only. Dense tables are cached per shape.
+    ``bounds``: the CPU copy of that ``cu_seqlens`` (validated). ``shapes_only`` (tracing with fake tensors: no
+    values): uninitialized tables of the call's segment count (a packed batch: the most segments it could have),
+    which size scratch buffers only, and nothing cached. Dense tables are cached per shape.
     """
     sms = sm_count(device)
     if num_sequences is None:
         nt = cdiv(T, chunk_size)
         chunks = plan_segment_chunks(B * nt, nt, B * H, H, V, sms)
-        return _dense_tables(B, T, chunk_size, chunks, device) if chunks else None
-    N = num_sequences
-    if bounds is None:
-        nt = cdiv(T, chunk_size)
-        chunks = plan_segment_chunks(nt, nt, N * H, H, V, sms)
         if not chunks:
             return None
-        count = cdiv(nt, chunks) + N
-        empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
-        return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count, chunks)
+        if shapes_only:
+            return _placeholder_tables(B * cdiv(nt, chunks), B, chunks, device)
+        return _dense_tables(B, T, chunk_size, chunks, device)
+    N = num_sequences
+    if shapes_only or bounds is None:
+        nt = cdiv(T, chunk_size)
+        chunks = plan_segment_chunks(nt, nt, N * H, H, V, sms)
+        return _placeholder_tables(cdiv(nt, chunks) + N, N, chunks, device) if chunks else None
     values = bounds.numpy().astype(np.int64)
     seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
     longest = int(seq_chunks.max()) if N else 0

@@ -115,11 +115,11 @@ def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlen
     the value head dim."""
     B, T, H = q.shape[0], q.shape[1], q.shape[2]
     if cu_seqlens is None:
-        return None, None, segment_tables(B, T, H, V, chunk_size, None, None, q.device)
+        return None, None, segment_tables(B, T, H, V, chunk_size, None, None, q.device, shapes_only())
     N = cu_seqlens.shape[0] - 1
     if shapes_only():
         chunk_indices, chunk_offsets = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
-        return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, None, q.device)
+        return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, None, q.device, True)
     bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
     chunk_indices, chunk_offsets = prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device)
     return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, bounds, q.device)
