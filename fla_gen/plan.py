@@ -111,7 +111,7 @@ class KernelShape:
     # SMs idle: (rule id, id of its measurement), appended to the plan's sources (SMALL_GRID_SPLIT: K and V
     # tiles on the grid, launch.state_walk_tiles; WHOLE_K_GRID_SPLIT: a walk that keeps all of K,
     # launch.whole_k_walk_block_v).
-    small_grid_split: tuple[str, ...] | None = None
+    small_grid_split: tuple[str, str] | None = None
     # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
     gate_only: bool = False
 
@@ -558,7 +558,7 @@ def _bounded_config(rules: tuple[BoundedRule, ...], arch: str, cfg: LaunchConfig
                    [cfg.source.split(",")[0], rule.source], why)
 
 
-def _with_split(cfg: LaunchConfig, split: tuple[str, ...] | None, arch: str) -> LaunchConfig:
+def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> LaunchConfig:
     """``cfg`` with a walk's run-time split rule (and its measurement, on the target it was measured on) cited."""
     if split is None:
         return cfg

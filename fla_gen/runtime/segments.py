@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fla_gen.runtime.launch import cdiv, sm_count
+from fla_gen.runtime.varlen import int32_tables_on
 
 # A segment has at least this many chunks: shorter ones spend more on the scan and the extra walk than
 # the parallel walk saves.
@@ -54,15 +55,13 @@ class SegmentTables:
     ``cu_seqlens``: [S + 1] int32, the token bounds of every segment in the flattened [B * T] tokens (a
     segment is a packed sequence of the segment-mode walks); ``chunk_offsets``: [S + 1] int32, the first
     chunk of each segment in the call's chunk numbering; ``first_segment``: [N + 1] int32, the first segment
-    of each sequence (the scan's bounds); ``count``: S; ``chunks``: chunks per segment (the last segment of
-    a sequence may have fewer).
+    of each sequence (the scan's bounds); ``count``: S.
     """
 
     cu_seqlens: torch.Tensor
     chunk_offsets: torch.Tensor
     first_segment: torch.Tensor
     count: int
-    chunks: int
 
 
 _forced_segment_chunks: int | None = None
@@ -140,24 +139,19 @@ def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarra
     return seg_bounds, seg_chunks, first_segment
 
 
-def _to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    tensors = tuple(torch.from_numpy(a.astype(np.int32)) for a in arrays)
-    if device.type == "cuda":
-        # pinned memory makes the copies asynchronous: no host-device sync on the hot path
-        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
-    return tuple(t.to(device) for t in tensors)
+def _segment_tables_of(bounds: np.ndarray, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
+    cu, offsets, first = int32_tables_on(device, *_tables(bounds, chunk_size, chunks))
+    return SegmentTables(cu, offsets, first, cu.shape[0] - 1)
 
 
 @functools.lru_cache(maxsize=64)
 def _dense_tables(B: int, T: int, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
-    arrays = _tables(np.arange(B + 1, dtype=np.int64) * T, chunk_size, chunks)
-    cu, offsets, first = _to_device(arrays, device)
-    return SegmentTables(cu, offsets, first, int(arrays[0].shape[0]) - 1, chunks)
+    return _segment_tables_of(np.arange(B + 1, dtype=np.int64) * T, chunk_size, chunks, device)
 
 
-def _placeholder_tables(count: int, N: int, chunks: int, device: torch.device) -> SegmentTables:
+def _placeholder_tables(count: int, N: int, device: torch.device) -> SegmentTables:
     empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
-    return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count, chunks)
+    return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count)
 
 
 def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequences: int | None,
@@ -166,9 +160,10 @@ def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequence
     """The segments of a call over q [B, T, H, K] and v [B, T, H, V], or None when its sequences are walked whole.
 
     ``num_sequences``: N of a packed batch (B == 1, ``cu_seqlens`` [N + 1]), None for a dense one;
-    ``bounds``: the CPU copy of that ``cu_seqlens`` (validated). ``shapes_only`` (tracing with fake tensors: no
-    values): uninitialized tables of the call's segment count (a packed batch: the most segments it could have),
-    which size scratch buffers only, and nothing cached. Dense tables are cached per shape.
+    ``bounds``: the CPU copy of that ``cu_seqlens`` (validated; None only with ``shapes_only``). ``shapes_only``
+    (tracing with fake tensors: no values): uninitialized tables of the call's segment count (a packed batch: the
+    most segments it could have), which size scratch buffers only, and nothing cached. Dense tables are cached per
+    shape.
     """
     sms = sm_count(device)
     if num_sequences is None:
@@ -177,19 +172,15 @@ def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequence
         if not chunks:
             return None
         if shapes_only:
-            return _placeholder_tables(B * cdiv(nt, chunks), B, chunks, device)
+            return _placeholder_tables(B * cdiv(nt, chunks), B, device)
         return _dense_tables(B, T, chunk_size, chunks, device)
     N = num_sequences
-    if shapes_only or bounds is None:
+    if shapes_only:
         nt = cdiv(T, chunk_size)
         chunks = plan_segment_chunks(nt, nt, N * H, H, V, sms)
-        return _placeholder_tables(cdiv(nt, chunks) + N, N, chunks, device) if chunks else None
+        return _placeholder_tables(cdiv(nt, chunks) + N, N, device) if chunks else None
     values = bounds.numpy().astype(np.int64)
     seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
     longest = int(seq_chunks.max()) if N else 0
     chunks = plan_segment_chunks(int(seq_chunks.sum()), longest, N * H, H, V, sms)
-    if not chunks:
-        return None
-    arrays = _tables(values, chunk_size, chunks)
-    cu, offsets, first = _to_device(arrays, device)
-    return SegmentTables(cu, offsets, first, int(arrays[0].shape[0]) - 1, chunks)
+    return _segment_tables_of(values, chunk_size, chunks, device) if chunks else None

@@ -91,6 +91,17 @@ def varlen_bounds(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torc
     return cpu
 
 
+def _varlen_tables(op: str, cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None, chunk_size: int,
+                   T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """chunk_tables of a varlen call, and the CPU copy of its ``cu_seqlens`` (None while only shapes are wanted)."""
+    N = cu_seqlens.shape[0] - 1
+    if shapes_only():
+        nt = -(-T // chunk_size) + N
+        return (cu_seqlens.new_empty(nt, 2, dtype=torch.int32), cu_seqlens.new_empty(N + 1, dtype=torch.int32), None)
+    bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
+    return (*prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device), bounds)
+
+
 def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
                  chunk_size: int, T: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``chunk_indices`` [NT, 2] and ``chunk_offsets`` [N + 1] (int32) for a varlen call, or (None, None).
@@ -100,12 +111,7 @@ def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch
     """
     if cu_seqlens is None:
         return None, None
-    N = cu_seqlens.shape[0] - 1
-    if shapes_only():
-        nt = -(-T // chunk_size) + N
-        return (cu_seqlens.new_empty(nt, 2, dtype=torch.int32), cu_seqlens.new_empty(N + 1, dtype=torch.int32))
-    bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
-    return prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device)
+    return _varlen_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)[:2]
 
 
 def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
@@ -116,13 +122,9 @@ def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlen
     B, T, H = q.shape[0], q.shape[1], q.shape[2]
     if cu_seqlens is None:
         return None, None, segment_tables(B, T, H, V, chunk_size, None, None, q.device, shapes_only())
-    N = cu_seqlens.shape[0] - 1
-    if shapes_only():
-        chunk_indices, chunk_offsets = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
-        return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, None, q.device, True)
-    bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
-    chunk_indices, chunk_offsets = prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device)
-    return chunk_indices, chunk_offsets, segment_tables(B, T, H, V, chunk_size, N, bounds, q.device)
+    chunk_indices, chunk_offsets, bounds = _varlen_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
+    segments = segment_tables(B, T, H, V, chunk_size, cu_seqlens.shape[0] - 1, bounds, q.device, bounds is None)
+    return chunk_indices, chunk_offsets, segments
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:

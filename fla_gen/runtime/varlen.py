@@ -27,10 +27,13 @@ def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device:
     np.cumsum(n_chunks, out=offsets[1:])
     seq_ids = np.repeat(np.arange(len(n_chunks)), n_chunks)
     within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], n_chunks)
-    chunk_indices = torch.from_numpy(np.stack([seq_ids, within], 1).astype(np.int32))
-    chunk_offsets = torch.from_numpy(offsets.astype(np.int32))
+    return int32_tables_on(device, np.stack([seq_ids, within], 1), offsets)
+
+
+def int32_tables_on(device: torch.device, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Host-built index tables (numpy ints) as int32 tensors on ``device``, copied without a sync."""
+    tensors = tuple(torch.from_numpy(a.astype(np.int32)) for a in arrays)
     if torch.device(device).type == "cuda":
         # Pinned memory makes the copies asynchronous: no host-device sync on the hot path.
-        return (chunk_indices.pin_memory().to(device, non_blocking=True),
-                chunk_offsets.pin_memory().to(device, non_blocking=True))
-    return chunk_indices.to(device), chunk_offsets.to(device)
+        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+    return tuple(t.to(device) for t in tensors)
