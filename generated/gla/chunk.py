@@ -694,17 +694,21 @@ def _launch_fwd_h(k, v, G, h, initial_state, final_state, gate_total, cu_seqlens
 
 def _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan):
     """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
-    from zero, all at once, then the scan over each sequence's segments. Returns seg_entry [S, H, K, V]
-    float32, the final state [N, H, K, V] float32 or None, and each segment's total log gate [S, H, K]
-    float32 (the backward's scan reuses it)."""
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: [S, H, K] float32, each segment's total log gate per key channel: the backward's scan reuses it.
+    """
     B, T, H, K = k.shape
     V = v.shape[-1]
     seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_gate = k.new_empty(segments.count, H, K, dtype=torch.float32)
     _launch_fwd_h(k, v, G, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
-    seg_entry, ht = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N, False, plan)
-    return seg_entry, ht, seg_gate
+    seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
+                                           False, plan)
+    return seg_entry, final_state, seg_gate
 
 
 def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):

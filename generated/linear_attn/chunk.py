@@ -556,28 +556,20 @@ def _launch_fwd_h(
     )
 
 
-def _segment_entry_states(
-    k,
-    v,
-    initial_state,
-    output_final_state,
-    segments,
-    N,
-    plan,
-):
+def _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan):
     """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
     from zero, all at once, then the scan over each sequence's segments.
 
     Returns:
         seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
-        seg_gate: [S, H] float32, each segment's total log gate (None without a gate): the backward's scan reuses it.
+        seg_gate: None (no gate).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
     seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_gate = None
-    _launch_fwd_h(k, v, None, None, seg_state, segments.cu_seqlens,
-                  segments.chunk_offsets, segments.count, plan)
+    _launch_fwd_h(k, v, None, None, seg_state, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, plan)
     seg_entry, final_state = _segment_scan(seg_state, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate

@@ -760,16 +760,7 @@ def _launch_fwd_h(
     )
 
 
-def _segment_entry_states(
-    k,
-    v,
-    g_cum,
-    initial_state,
-    output_final_state,
-    segments,
-    N,
-    plan,
-):
+def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan):
     """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
     from zero, all at once, then the scan over each sequence's segments.
 
@@ -781,8 +772,8 @@ def _segment_entry_states(
     V = v.shape[-1]
     seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_gate = None if g_cum is None else k.new_empty(segments.count, H, dtype=torch.float32)
-    _launch_fwd_h(k, v, g_cum, None, None, seg_state, seg_gate, segments.cu_seqlens,
-                  segments.chunk_offsets, segments.count, plan)
+    _launch_fwd_h(k, v, g_cum, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, plan)
     seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate
