@@ -169,6 +169,9 @@ _CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("B
                          sub_chunk=True, max_stages=tuple(
                              ArchRule(arch, 1, "h100-fwd-a-stages" if arch == "sm90" else "fwd-a-one-stage")
                              for arch in ARCHS))
+# The delta rule's fwd_A also loads the rows of k [BC, BK] for M = K K^T * Gamma beside A_qk's q rows (one launch
+# builds both from the same column tiles).
+_CHANNEL_DELTA_A = replace(_CHANNEL_A, tiles=(("BC", "BK"), *_CHANNEL_A.tiles))
 # K tiles on the grid; a loop over the other sub-chunks (0 to NC - 1 steps) loads a dA block [BC, BC] and
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
@@ -277,7 +280,7 @@ _CHANNEL_WY_WARPS = tuple(
     ArchRule(a, 8, "aot-channel-delta-wy-warps") for a in ("sm80", "sm86", "sm89"))
 _CHANNEL_DELTA = Algorithm(
     "chunk_delta_channel", "kernels/chunk_delta.jinja",
-    (_CUMSUM, _CHANNEL_A,
+    (_CUMSUM, _CHANNEL_DELTA_A,
      # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
      KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),

@@ -90,11 +90,11 @@ def kda_cumsum_kernel(
 
 @triton.jit
 def kda_fwd_A_kernel(
-    q, k, G, A, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, M, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A and M, all BT columns
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -106,6 +106,7 @@ def kda_fwd_A_kernel(
     m_r = o_r < n_t
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
+    p_M = M + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
     # One pass over K for the whole row block, through this sub-chunk's first token n: the rows' factor
     # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
     #   - off the diagonal, every earlier column j < n at once, as a [BK, BT] tile of k_j exp(G_n - G_j)
@@ -116,10 +117,18 @@ def kda_fwd_A_kernel(
     #     token n + j at a time, with exponents G_i - G_j <= 0 only.
     # Against one K pass per earlier sub-chunk plus two for the diagonal, each reloading the rows: the forward
     # 0.745 -> 0.684 ms at 4x4096x16x128 (H100, bf16; experiment in git history at 0a80dc0).
+    # Two row sets share the column side: A = scale Q K^T * Gamma (rows scale q_i exp(G_i - G_n)) and
+    # M = K K^T * Gamma (rows k_i exp(G_i - G_n), with its diagonal). The column tiles k_j exp(G_n - G_j) (the
+    # [BK, BT] exps) and the diagonal block's are built once per K tile and feed both rows' dots; the span is a
+    # property of G alone, so one test decides the diagonal block of both. Two launches (rows q, then rows k)
+    # rebuilt the same column factors and reloaded k and G: 0.507 ms of the 1.61 ms forward at 4x4096x16x128
+    # (H100, bf16), its largest kernel.
     o_j = tl.arange(0, BT)
     m_j = o_j < i_n
     b_Aoff = tl.zeros([BC, BT], dtype=tl.float32)
     b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Moff = tl.zeros([BC, BT], dtype=tl.float32)
+    b_Md = tl.zeros([BC, BC], dtype=tl.float32)
     b_span = tl.zeros([], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -134,38 +143,54 @@ def kda_fwd_A_kernel(
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
-        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) *
-                (scale * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf"))))).to(k.dtype.element_ty)
+        b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * (scale * b_eg)).to(k.dtype.element_ty)
+        b_kg = (tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_eg).to(k.dtype.element_ty)
         b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
             tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
-        b_Aoff += tl.dot(b_qg, b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_kgt = b_kgt.to(k.dtype.element_ty)
+        b_Aoff += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
+        b_Moff += tl.dot(b_kg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
         b_kdt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
-        b_Ad += tl.dot(b_qg, b_kdt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_kdt = b_kdt.to(k.dtype.element_ty)
+        b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
+        b_Md += tl.dot(b_kg, b_kdt, input_precision=DOT_PRECISION)
     tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
+    tl.store(p_M + o_j[None, :], b_Moff.to(M.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
     if b_span <= DIAG_SPAN:
         b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
+        b_Md = tl.where(o_c[:, None] >= o_c[None, :], b_Md, 0.)
     else:
         b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
+        b_Md = tl.zeros([BC, BC], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_rk = m_r[:, None] & m_k[None, :]
             o_x = o_r[:, None] * (H * K) + o_k[None, :]
             b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * scale
+            b_k = tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32)
             b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
             for j in range(BC):
                 m_jk = m_k & (i_n + j < n_t)
                 b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
                 b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
                 m_a = m_rk & (o_c >= j)[:, None]
-                b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
+                # one exp per entry for both row sets
+                b_e = tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
+                b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
+                b_m = tl.sum(b_k * b_kj[None, :] * b_e, axis=1)
                 b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
+                b_Md += tl.where(o_c[None, :] == j, b_m[:, None], 0.)
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
-    # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
+    tl.store(p_M + i_n + o_c[None, :], b_Md.to(M.dtype.element_ty), mask=m_r[:, None])
+    # zeros above the diagonal block: fwd_wu (A and M) and fwd_o (A) read whole rows
     o_z = i_n + BC + tl.arange(0, BT)
-    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_r[:, None] & (o_z < BT)[None, :])
+    m_z = m_r[:, None] & (o_z < BT)[None, :]
+    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_z)
+    tl.store(p_M + o_z[None, :], tl.zeros([BC, BT], dtype=M.dtype.element_ty), mask=m_z)
 
 
 @triton.jit
@@ -1089,7 +1114,9 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
 def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     """The intra-chunk products of fwd_A (16-token sub-chunks, no positive exponent), both [B, T, H, BT] float32
     (row t holds the row of its chunk, zeros above the diagonal): Mkk = K K^T * Gamma (with its diagonal; fwd_wu
-    keeps the strictly lower part and applies beta) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j)."""
+    keeps the strictly lower part and applies beta) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j).
+    One launch writes both: each program builds its column factors k_j exp(G_n - G_j) once for the two row sets
+    (two launches, rows q then rows k, rebuilt them and reloaded k and G)."""
     B, T, H, K = q.shape
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
@@ -1097,19 +1124,18 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     cfg = plan.config("fwd_A")
     Mkk = q.new_empty(B, T, H, BT, dtype=torch.float32)
     Aqk = q.new_empty(B, T, H, BT, dtype=torch.float32)
-    for rows, A, s in ((k, Mkk, 1.0), (q, Aqk, scale)):
-        kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
-            rows, k, G, A, cu_seqlens, chunk_indices, s, T,
-            H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
-            DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
+        q, k, G, Aqk, Mkk, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     return Mkk, Aqk
 
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """Chunked forward of the delta rule on a per-channel decayed state: cumsum, fwd_A (twice), fwd_wu, fwd_h,
-    fwd_o.
+    """Chunked forward of the delta rule on a per-channel decayed state: cumsum, fwd_A (M and Aqk in one launch),
+    fwd_wu, fwd_h, fwd_o.
 
     S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 

@@ -290,3 +290,15 @@ def test_grouped_kda_chunk(grouped_kda, l2norm, cu_seqlens, monkeypatch):
              "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
     _forbid_repeats(monkeypatch)
     assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
+
+
+def test_grouped_kda_chunk_strong_gates(grouped_kda, monkeypatch):
+    """Per-channel log gates down to -5 per token, whose span inside a 16-token sub-chunk passes fp32's DIAG_SPAN
+    (30): fwd_A and bwd_dqk_intra rebuild their diagonal sub-chunks entry by entry, reading q and k at the
+    key-side head (the logsigmoid(N(0, 1)) gates of test_grouped_kda_chunk never take that path)."""
+    B, T = 1, 40
+    x = _raw_grouped_inputs(B, T, B, (16, 32), seed=36, channel_gate=True, gate_in_kernel=False)
+    x["g"] = -5.0 * torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(37))
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "cu_seqlens": None}
+    _forbid_repeats(monkeypatch)
+    assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
