@@ -155,14 +155,22 @@ SOURCES: dict[str, Source] = {
     "h100-delta-channel-whole-k": Source(
         "the per-channel gated delta rule (KDA's recurrence) at head dim 128, the intra-chunk kernels with the whole "
         "K in one block against 64-wide K blocks (sweep_plans.py, 4x4096x16x128, --quick): fwd_A kernel 0.643 -> "
-        "0.502 ms (forward 1.681 -> 1.533), bwd_dqk_intra 0.748 -> 0.648 (forward+backward 6.217 -> 6.151)", _H100),
+        "0.502 ms (forward 1.681 -> 1.533), bwd_dqk_intra 0.748 -> 0.648 (forward+backward 6.217 -> 6.151); fwd_A "
+        "building A_qk and M in one launch, 0.363 ms against 0.388 with 64-wide K blocks and 0.588 on 8 warps",
+        _H100),
     "h100-delta-channel-fwd-o-wide-v": Source(
         "the per-channel gated delta rule's fwd_o at head dim 128 with 128-wide V tiles against 64 (sweep_plans.py, "
         "4x4096x16x128, --quick): kernel 0.221 -> 0.187 ms, forward 1.661 -> 1.638 ms", _H100),
     "h100-delta-channel-bwd-dh-64": Source(
-        "the per-channel gated delta rule's bwd_dh at head dim 128 with a [128, 64] state-gradient tile against "
-        "[128, 32] (sweep_plans.py, 4x4096x16x128, --quick): kernel 0.774 -> 0.567 ms, forward+backward 6.280 -> "
-        "6.077 ms; 3 stages do not fit in shared memory (288 KB)", _H100),
+        "the per-channel gated delta rule's bwd_dh at head dim 128 with a [128, 64] state-gradient tile, 3 stages, "
+        "reading the pre-gated kd and qg of fwd_wu (sweep_plans.py, 4x4096x16x128, --quick): kernel 0.213 ms against "
+        "0.240 at 2 stages, 0.313 with [128, 32] and 0.252 on 8 warps; 4 stages do not fit in shared memory "
+        "(288 KB)", _H100),
+    "h100-delta-channel-fwd-wu": Source(
+        "the per-channel gated delta rule's fwd_wu at head dim 128 on 2 warps, 2 stages (sweep_plans.py, "
+        "4x4096x16x128, --quick): kernel 0.499 -> 0.377 ms, forward 1.31 -> 1.19 ms against 4 warps, 3 stages; "
+        "0.437 at 2 warps, 3 stages; as the scalar-gate delta rule's fwd_wu, its 16x16 blocks are too small to "
+        "share among 4 warps", _H100),
     "h100-dplr-pair-kernels": Source(
         "the DPLR chunk op with RWKV-7 gates with RWKV-7 gates (every K block takes the factored dots), "
         "sweep_plans.py --stages "
