@@ -324,7 +324,7 @@ def kda_fwd_wu_kernel(
     # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
     # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
     # The same loop writes the key-dim operands of the sequential walks, already gated: kd = k exp(G_L - G)
-    # (fwd_h, bwd_dh) and, with DV_LOCAL, qg = q exp(G) (bwd_dh), so that no [BT, K] exponential or fp32 G
+    # (fwd_h, bwd_dh) and qg = q exp(G) (bwd_dh, and fwd_o), so that no [BT, K] exponential or fp32 G
     # tile sits on a walk's chunk-to-chunk path. Walks reading k and G instead took 0.269 ms (fwd_h) and
     # 0.585 ms (bwd_dh) at 4x4096x16x128, against 0.176 and 0.235 for fla-core's kernels, which read
     # pre-gated operands (H100, bf16).
@@ -458,9 +458,8 @@ def kda_fwd_wu_kernel(
         b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K + o_k, mask=o_k < K, other=0.)
         b_kd = b_k * tl.exp(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
         tl.store(kd + o_tk, b_kd.to(kd.dtype.element_ty), mask=m_tk)
-        if DV_LOCAL:
-            b_qg = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * tl.exp(b_g)
-            tl.store(qg + o_tk, b_qg.to(qg.dtype.element_ty), mask=m_tk)
+        b_qg = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * tl.exp(b_g)
+        tl.store(qg + o_tk, b_qg.to(qg.dtype.element_ty), mask=m_tk)
     if DV_LOCAL:
         # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
         b_PT = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_t[None, :], other=0.)
@@ -556,10 +555,8 @@ def kda_fwd_h_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_o_kernel(
-    q,
-    k,
+    qg,
     v_new,
-    G,
     Aqk,
     h,
     o,
@@ -576,7 +573,9 @@ def kda_fwd_o_kernel(
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (V block, chunk, batch * head):
-    # o = scale * ((q * exp(G)) @ h) + A_qk @ v_new, A_qk from fwd_A (scale and the causal mask in it).
+    # o = scale * (qg @ h) + A_qk @ v_new, qg = q exp(G) from fwd_wu, A_qk from fwd_A (scale and the causal
+    # mask in it). Reading qg in k's dtype rather than q and the fp32 G halves this memory-bound kernel's
+    # reads of the key-dim side.
     # q @ k^T and q @ h are accumulated in two separate K loops, each loop holding a single dot: on
     # mma.sync targets Triton gives every dot that shares a region with another dot a different warp
     # layout than a lone dot, and the o accumulator must not meet two layouts (MMA -> MMA conversion).
@@ -600,19 +599,17 @@ def kda_fwd_o_kernel(
     t0 = bos + i_tc * BT
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    q_c = q + t0 * H * K + i_h * K
-    k_c = k + t0 * H * K + i_h * K
     h_c = h + (i_hc * H + i_h) * K * V
 
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
-        o_tk = o_i[:, None] * (H * K) + o_k[None, :]
-        # q * scale exp(G), G <= 0
-        b_q = tl.load(q_c + o_tk, mask=m_tk, other=0.).to(tl.float32) * (scale * tl.exp(tl.load(G + t0 * H * K + i_h * K + o_tk, mask=m_tk, other=0.)))
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+        b_q = tl.load(qg + o_tk, mask=m_tk, other=0.)
         b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=(o_k[:, None] < K) & m_v[None, :], other=0.)
-        b_o = tl.dot(b_q.to(b_h.dtype), b_h, b_o)
+        b_o = tl.dot(b_q, b_h, b_o)
+    b_o *= scale
     b_P = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_t[:, None], other=0.)
     o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
@@ -988,13 +985,13 @@ def kda_bwd_dqkg_kernel(
 def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
     """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
 
-    G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] float32 from _chunk_A.
+    G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] from _chunk_A.
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
         chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
         (kd, qg): the gated key-dim operands of the sequential walks, in w's layout and k's dtype:
-        kd = k exp(G_L - G) (G_L: G at the chunk's last valid row) and, with do given, qg = q exp(G) (else None).
+        kd = k exp(G_L - G) (G_L: G at the chunk's last valid row) and qg = q exp(G).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -1007,7 +1004,7 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
-    qg = torch.empty_like(w) if do is not None else None
+    qg = torch.empty_like(w)
     kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -1112,9 +1109,10 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
 
 
 def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
-    """The intra-chunk products of fwd_A (16-token sub-chunks, no positive exponent), both [B, T, H, BT] float32
-    (row t holds the row of its chunk, zeros above the diagonal): Mkk = K K^T * Gamma (with its diagonal; fwd_wu
-    keeps the strictly lower part and applies beta) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j).
+    """The intra-chunk products of fwd_A (16-token sub-chunks, no positive exponent), both [B, T, H, BT] (row t
+    holds the row of its chunk, zeros above the diagonal): Mkk = K K^T * Gamma in float32 (with its diagonal; fwd_wu
+    keeps the strictly lower part and applies beta, and inverts in fp32) and Aqk = scale Q K^T * Gamma,
+    Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round it to that dtype for their dots anyway.
     One launch writes both: each program builds its column factors k_j exp(G_n - G_j) once for the two row sets
     (two launches, rows q then rows k, rebuilt them and reloaded k and G)."""
     B, T, H, K = q.shape
@@ -1123,7 +1121,7 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
     Mkk = q.new_empty(B, T, H, BT, dtype=torch.float32)
-    Aqk = q.new_empty(B, T, H, BT, dtype=torch.float32)
+    Aqk = q.new_empty(B, T, H, BT)
     kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
         q, k, G, Aqk, Mkk, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
@@ -1160,7 +1158,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     NT = launch.num_chunks(T, BT, chunk_indices)
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
     Mkk, Aqk = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
-    w, u, _, _, (kd, _) = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    w, u, _, _, (kd, qg) = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
     del Mkk
     h, v_new, final_state = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del w, u, kd  # read by fwd_h only: free them before o is allocated
@@ -1168,7 +1166,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
     kda_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
-        q, k, v_new, G, Aqk, h, o, cu_seqlens, chunk_indices, scale, T,
+        qg, v_new, Aqk, h, o, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
