@@ -90,7 +90,7 @@ def kda_cumsum_kernel(
 
 @triton.jit
 def kda_fwd_A_kernel(
-    q, k, G, A, M, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, M, qg, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
@@ -107,6 +107,9 @@ def kda_fwd_A_kernel(
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
     p_M = M + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
+    # qg = q exp(G), per value head, for the delta rule's fwd_o and bwd_dh: the rows' q and G are loaded here
+    # anyway (fwd_wu building it cost a second read of q: 0.377 -> 0.437 ms at 4x4096x16x128, H100 bf16).
+    qg_c = qg + (t0 * H + i_h) * K
     # One pass over K for the whole row block, through this sub-chunk's first token n: the rows' factor
     # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
     #   - off the diagonal, every earlier column j < n at once, as a [BK, BT] tile of k_j exp(G_n - G_j)
@@ -144,7 +147,9 @@ def kda_fwd_A_kernel(
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
         b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
-        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * (scale * b_eg)).to(k.dtype.element_ty)
+        b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32)
+        tl.store(qg_c + o_x, (b_q * tl.exp(b_g)).to(qg.dtype.element_ty), mask=m_rk)
+        b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
         b_kg = (tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_eg).to(k.dtype.element_ty)
         b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
             tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
@@ -291,7 +296,6 @@ def kda_fwd_wu_kernel(
     Mkk,
     Aqk,
     kd,
-    qg,
     beta,
     do,
     Ai,
@@ -323,8 +327,8 @@ def kda_fwd_wu_kernel(
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P = A_qk from fwd_A (loaded transposed).
     # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
     # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
-    # The same loop writes the key-dim operands of the sequential walks, already gated: kd = k exp(G_L - G)
-    # (fwd_h, bwd_dh) and qg = q exp(G) (bwd_dh, and fwd_o), so that no [BT, K] exponential or fp32 G
+    # The same loop writes the key-dim operand of the sequential walks, already gated: kd = k exp(G_L - G)
+    # (fwd_h, bwd_dh; fwd_A writes bwd_dh's qg = q exp(G)), so that no [BT, K] exponential or fp32 G
     # tile sits on a walk's chunk-to-chunk path. Walks reading k and G instead took 0.269 ms (fwd_h) and
     # 0.585 ms (bwd_dh) at 4x4096x16x128, against 0.176 and 0.235 for fla-core's kernels, which read
     # pre-gated operands (H100, bf16).
@@ -458,8 +462,6 @@ def kda_fwd_wu_kernel(
         b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K + o_k, mask=o_k < K, other=0.)
         b_kd = b_k * tl.exp(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
         tl.store(kd + o_tk, b_kd.to(kd.dtype.element_ty), mask=m_tk)
-        b_qg = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * tl.exp(b_g)
-        tl.store(qg + o_tk, b_qg.to(qg.dtype.element_ty), mask=m_tk)
     if DV_LOCAL:
         # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
         b_PT = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_t[None, :], other=0.)
@@ -573,7 +575,7 @@ def kda_fwd_o_kernel(
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (V block, chunk, batch * head):
-    # o = scale * (qg @ h) + A_qk @ v_new, qg = q exp(G) from fwd_wu, A_qk from fwd_A (scale and the causal
+    # o = scale * (qg @ h) + A_qk @ v_new, qg = q exp(G) and A_qk from fwd_A (scale and the causal
     # mask in it). Reading qg in k's dtype rather than q and the fp32 G halves this memory-bound kernel's
     # reads of the key-dim side.
     # q @ k^T and q @ h are accumulated in two separate K loops, each loop holding a single dot: on
@@ -650,7 +652,7 @@ def kda_bwd_dh_kernel(
     # over it). dh[c] is the gradient w.r.t. the state at the END of chunk c (dht for the last one):
     #   dv_new = dv_local + kd @ D
     #   D     <- diag(exp(G_L)) D + qg^T @ (scale do) - W^T @ dv_new
-    # with kd = k exp(G_L - G) and qg = q exp(G) from fwd_wu (every exponent <= 0), in w's layout
+    # with kd = k exp(G_L - G) from fwd_wu and qg = q exp(G) from fwd_A (every exponent <= 0), in w's layout
     # D is held as up to four [RB, BV] row blocks (block j: rows j * RB ...; BK <= 4 RB, RB = min(BK, 64)),
     # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
     # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
@@ -990,8 +992,8 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
         chunk's (I + A)^{-1}, lower triangle only), dv_local: [B, T, H, V] float32 or None,
-        (kd, qg): the gated key-dim operands of the sequential walks, in w's layout and k's dtype:
-        kd = k exp(G_L - G) (G_L: G at the chunk's last valid row) and qg = q exp(G).
+        kd: k exp(G_L - G), the gated key-dim operand of the sequential walks (G_L: G at the chunk's last valid
+        row), in w's layout and k's dtype.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -1004,7 +1006,6 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
-    qg = torch.empty_like(w)
     kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -1013,7 +1014,6 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
         Mkk,
         Aqk,
         kd,
-        qg,
         beta,
         do,
         Ai,
@@ -1035,7 +1035,7 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return w, u, Ai, dv_local, (kd, qg)
+    return w, u, Ai, dv_local, kd
 
 
 def _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
@@ -1114,7 +1114,10 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     keeps the strictly lower part and applies beta, and inverts in fp32) and Aqk = scale Q K^T * Gamma,
     Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round it to that dtype for their dots anyway.
     One launch writes both: each program builds its column factors k_j exp(G_n - G_j) once for the two row sets
-    (two launches, rows q then rows k, rebuilt them and reloaded k and G)."""
+    (two launches, rows q then rows k, rebuilt them and reloaded k and G). The same launch writes qg = q exp(G)
+    (fwd_o, bwd_dh), in fwd_wu's w layout and q's dtype.
+
+    Returns: Mkk, Aqk, qg."""
     B, T, H, K = q.shape
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
@@ -1122,13 +1125,14 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     cfg = plan.config("fwd_A")
     Mkk = q.new_empty(B, T, H, BT, dtype=torch.float32)
     Aqk = q.new_empty(B, T, H, BT)
+    qg = torch.empty_like(q)
     kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, Aqk, Mkk, cu_seqlens, chunk_indices, scale, T,
+        q, k, G, Aqk, Mkk, qg, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return Mkk, Aqk
+    return Mkk, Aqk, qg
 
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
@@ -1157,8 +1161,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
-    Mkk, Aqk = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
-    w, u, _, _, (kd, qg) = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    Mkk, Aqk, qg = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
+    w, u, _, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
     del Mkk
     h, v_new, final_state = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del w, u, kd  # read by fwd_h only: free them before o is allocated
@@ -1192,8 +1196,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
-    Mkk, Aqk = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
-    w, u, Ai, dv_local, (kd, qg) = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    Mkk, Aqk, qg = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
+    w, u, Ai, dv_local, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan)
     del Aqk
     h, v_new, _ = _chunk_h(k, w, u, kd, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del u
