@@ -176,6 +176,9 @@ _CHANNEL_DELTA_A = replace(_CHANNEL_A, tiles=(("BC", "BK"), *_CHANNEL_A.tiles))
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
                                  sub_chunk=True)
+# The delta rule's bwd_dqk_intra loads M's gradient block [BC, BC] beside A_qk's and the rows of k [BC, BK] beside
+# q's (one launch takes both products' gradients from the same column tiles).
+_CHANNEL_DELTA_DQK_INTRA = replace(_CHANNEL_DQK_INTRA, tiles=(("BC", "BC"), ("BC", "BK"), *_CHANNEL_DQK_INTRA.tiles))
 # fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per
 # V tile (V tiles on the grid). One 128-wide V tile on wgmma targets (A, q and exp(G) read and computed
 # once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
@@ -295,8 +298,8 @@ _CHANNEL_DELTA = Algorithm(
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
      KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
-     _CHANNEL_DQK_INTRA,
-     # dq, dk and dg from the partial gradients: [BT, BK] loads and a reverse cumsum, no dot
+     _CHANNEL_DELTA_DQK_INTRA,
+     # dg from dL/dG (bwd_dqk_intra finishes dq and dk): [BT, BK] loads and a reverse cumsum, no dot
      KernelShape("bwd_dqkg", (), pipelined=False)),
     chunked=True)
 # every algorithm by name, the per-channel delta kernels included (fla_gen/tuned.py keys them by name)
