@@ -155,9 +155,10 @@ SOURCES: dict[str, Source] = {
     "h100-delta-channel-whole-k": Source(
         "the per-channel gated delta rule (KDA's recurrence) at head dim 128, the intra-chunk kernels with the whole "
         "K in one block against 64-wide K blocks (sweep_plans.py, 4x4096x16x128, --quick): fwd_A kernel 0.643 -> "
-        "0.502 ms (forward 1.681 -> 1.533), bwd_dqk_intra 0.748 -> 0.648 (forward+backward 6.217 -> 6.151); fwd_A "
-        "building A_qk and M in one launch, 0.363 ms against 0.388 with 64-wide K blocks and 0.588 on 8 warps",
-        _H100),
+        "0.502 ms (forward 1.681 -> 1.533), bwd_dqk_intra 0.748 -> 0.648 (forward+backward 6.217 -> 6.151). On 2 "
+        "warps since each runs as one launch for both products (A_qk, M, and fwd_A's qg): fwd_A 0.391 -> 0.294 ms "
+        "against 4 warps (forward 1.158 -> 1.070), 0.442 with 64-wide K blocks, 0.656 on 8 warps; bwd_dqk_intra "
+        "0.779 -> 0.686 (forward+backward 4.453 -> 4.350), 0.817 with 64-wide K blocks, 0.874 on 8 warps", _H100),
     "h100-delta-channel-fwd-o-wide-v": Source(
         "the per-channel gated delta rule's fwd_o at head dim 128 with 128-wide V tiles against 64 (sweep_plans.py, "
         "4x4096x16x128, --quick): kernel 0.221 -> 0.187 ms, forward 1.661 -> 1.638 ms", _H100),

@@ -84,14 +84,14 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("fwd_A", LaunchConfig(128, 64, 4, 1, source="h100-delta-channel-whole-k")),
+        ("fwd_A", LaunchConfig(128, 64, 2, 1, source="h100-delta-channel-whole-k")),
         ("fwd_wu", LaunchConfig(64, 64, 2, 2, source="h100-delta-channel-fwd-wu")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 128, 4, 3, source="h100-delta-channel-fwd-o-wide-v")),
         ("bwd_dh", LaunchConfig(128, 64, 4, 3, source="h100-delta-channel-bwd-dh-64,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqk_intra", LaunchConfig(128, 64, 4, 1, source="h100-delta-channel-whole-k")),
+        ("bwd_dqk_intra", LaunchConfig(128, 64, 2, 1, source="h100-delta-channel-whole-k")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
