@@ -287,12 +287,15 @@ _CHANNEL_DELTA = Algorithm(
      # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
      KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
-     # sm100 (no wgmma): the per-channel k^T factors [K, BT] in fp32 beside the state tile
-     KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
+     # w, the pre-gated kd^T (fwd_wu) and u. sm100: 8 warps, measured when the walk built its k^T factors [K, BT]
+     # in fp32 beside the state tile
+     KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
                  small_grid_split=WHOLE_K_GRID_SPLIT,
                  warps=(ArchRule("sm100", 8, "aot-channel-delta-h-warps"),)),
-     KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
-     KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
+     # the pre-gated qg (fwd_A) and the chunk states
+     KernelShape("fwd_o", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV"))),
+     # kd, qg^T and w^T (k and q pre-gated by fwd_wu and fwd_A) and do
+     KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                  (("BK", "BV"), ("BT", "BV")), whole_k=True, small_grid_split=WHOLE_K_GRID_SPLIT,
                  max_stages=(ArchRule("sm86", 1, "aot-delta-dh-99k"), ArchRule("sm89", 1, "aot-delta-dh-99k"))),
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
