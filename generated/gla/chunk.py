@@ -181,15 +181,18 @@ def gla_fwd_A_kernel(
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
-        b_qg = (tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) *
-                (scale * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf"))))).to(k.dtype.element_ty)
-        b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
-        b_Aoff += tl.dot(b_qg, b_kgt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+        b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+        b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32)
+        b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
+        b_kgt = (tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) *
+                 tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
+                 ).to(k.dtype.element_ty)
+        b_Aoff += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
-        b_kdt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+        b_kdt = (tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
-        b_Ad += tl.dot(b_qg, b_kdt.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
+                 ).to(k.dtype.element_ty)
+        b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
     tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
     if b_span <= DIAG_SPAN:
         b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
@@ -207,12 +210,14 @@ def gla_fwd_A_kernel(
                 b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
                 b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
                 m_a = m_rk & (o_c >= j)[:, None]
-                b_a = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf"))), axis=1)
+                b_e = tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
+                b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
                 b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
     # zeros above the diagonal block: fwd_o and bwd_dv read whole rows
     o_z = i_n + BC + tl.arange(0, BT)
-    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_r[:, None] & (o_z < BT)[None, :])
+    m_z = m_r[:, None] & (o_z < BT)[None, :]
+    tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_z)
 
 
 @triton.jit

@@ -151,15 +151,15 @@ def kda_fwd_A_kernel(
         tl.store(qg_c + o_x, (b_q * tl.exp(b_g)).to(qg.dtype.element_ty), mask=m_rk)
         b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
         b_kg = (tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_eg).to(k.dtype.element_ty)
-        b_kgt = tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
-        b_kgt = b_kgt.to(k.dtype.element_ty)
+        b_kgt = (tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) *
+                 tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
+                 ).to(k.dtype.element_ty)
         b_Aoff += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
         b_Moff += tl.dot(b_kg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
-        b_kdt = tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+        b_kdt = (tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
-        b_kdt = b_kdt.to(k.dtype.element_ty)
+                 ).to(k.dtype.element_ty)
         b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
         b_Md += tl.dot(b_kg, b_kdt, input_precision=DOT_PRECISION)
     tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
@@ -183,11 +183,11 @@ def kda_fwd_A_kernel(
                 b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
                 b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
                 m_a = m_rk & (o_c >= j)[:, None]
-                # one exp per entry for both row sets
                 b_e = tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
                 b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
-                b_m = tl.sum(b_k * b_kj[None, :] * b_e, axis=1)
                 b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
+                # the same exp for M's rows
+                b_m = tl.sum(b_k * b_kj[None, :] * b_e, axis=1)
                 b_Md += tl.where(o_c[None, :] == j, b_m[:, None], 0.)
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
     tl.store(p_M + i_n + o_c[None, :], b_Md.to(M.dtype.element_ty), mask=m_r[:, None])

@@ -50,9 +50,10 @@ def linear_attn_recurrent_fwd_kernel(
     # registers for the whole sequence.
     # One grid axis, V blocks fastest: consecutive programs read neighbouring column blocks of one state. The
     # decode step (B=64, H=16, K=V=128, bf16, l2norm inline, CUDA-graph replay on the H100), V blocks first
-    # against heads first: Gated DeltaNet (32 value heads) 0.0982 against 0.1005 ms on the plan's [128, 64] tiles and
-    # 4 warps, 0.0983 against 0.1058 on [128, 32] and one warp; KDA 0.0592 against 0.0594 and 0.0563 against
-    # 0.0588; no tile measured slower. (Not the grid's second axis for the heads: it holds 65535 programs.)
+    # against heads first: Gated DeltaNet (32 value heads) 0.0982 against 0.1005 ms on the plan's [128, 64]
+    # tiles and 4 warps, 0.0983 against 0.1058 on [128, 32] and one warp; KDA 0.0592 against 0.0594 and 0.0563
+    # against 0.0588; no tile measured slower. (Not the grid's second axis for the heads: it holds 65535
+    # programs.)
     i_v, i_nh = tl.program_id(0) % tl.cdiv(V, BV), tl.program_id(0) // tl.cdiv(V, BV)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
