@@ -57,8 +57,8 @@ def delta_rule_fwd_wu_kernel(
     #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai diag(beta
-    #     ) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
+    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
+    #      diag(beta) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
     #      the blocks without any layout shuffle in registers).
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P^T[j, i] = scale k_j . q_i.
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
