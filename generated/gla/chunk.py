@@ -416,8 +416,8 @@ def gla_bwd_dqk_intra_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of
-    # its tokens, from dA, in fp32
+    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of its tokens,
+    # from dA, in fp32
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
@@ -445,41 +445,42 @@ def gla_bwd_dqk_intra_kernel(
     b_span = tl.max(tl.where(m_rk, tl.maximum(tl.abs(b_g - b_gn[None, :]), tl.abs(b_g - b_gm[None, :])), 0.))
     n_diag = (b_span <= DIAG_SPAN).to(tl.int32)
 
-    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens),
-    # through this one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j))
-    # over the earlier sub-chunks c, every exponent <= 0 (and the diagonal block, bounded, if n_diag)
+    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens), through this
+    # one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j)) over the earlier sub-chunks
+    # c, every exponent <= 0 (and the diagonal block, bounded, if n_diag)
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     for i_c in range(0, i_i + n_diag):
         o_b = i_c * BC + o_c
         m_bk = (o_b < n_t)[:, None] & m_k[None, :]
         o_xb = o_b[:, None] * (H * K) + o_k[None, :]
-        b_kg = tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf")))
-        b_dA = tl.load(dA_c + o_r[:, None] * (H * BT) + o_b[None, :], mask=m_r[:, None] & (o_b[None, :] <= o_r[:, None]),
-                       other=0.)
-        b_dq += tl.dot(b_dA.to(k.dtype.element_ty), b_kg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-    b_dq = b_dq * tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+        b_kg = (tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) *
+                tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf")))).to(k.dtype.element_ty)
+        o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
+        m_dA = m_r[:, None] & (o_b[None, :] <= o_r[:, None])
+        b_dq += tl.dot(tl.load(dA_c + o_dA, mask=m_dA, other=0.).to(k.dtype.element_ty), b_kg, input_precision=DOT_PRECISION)
+    b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+    b_dq = b_dq * b_egn
 
-    # dk_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks, through this one's last
-    # valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
+    # dk^col_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks (the columns' side), through this
+    # one's last valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
     # (and the diagonal block, bounded, if n_diag)
-    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dkc = tl.zeros([BC, BK], dtype=tl.float32)
     for i_c in range(i_i + 1 - n_diag, tl.cdiv(n_t, BC)):
         o_a = i_c * BC + o_c
         m_a = o_a < n_t
         m_ak = m_a[:, None] & m_k[None, :]
         o_xa = o_a[:, None] * (H * K) + o_k[None, :]
-        b_qg = tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        b_qg = (tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega).to(k.dtype.element_ty)
         # dA^T [BC, BC], read transposed through the offsets
-        b_dAt = tl.load(dA_c + o_a[None, :] * (H * BT) + o_r[:, None],
-                        mask=m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None]), other=0.)
-        b_dk += tl.dot(b_dAt.to(k.dtype.element_ty), b_qg.to(k.dtype.element_ty), input_precision=DOT_PRECISION)
-    b_dk = b_dk * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
+        o_dAt = o_a[None, :] * (H * BT) + o_r[:, None]
+        m_dAt = m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None])
+        b_dkc += tl.dot(tl.load(dA_c + o_dAt, mask=m_dAt, other=0.).to(k.dtype.element_ty), b_qg, input_precision=DOT_PRECISION)
+    b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
     # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
-    # dk_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
+    # dk^col_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
     for j in range(BC * (1 - n_diag)):
         i_j = i_n + j
         m_jk = m_k & (i_j < n_t)
@@ -487,16 +488,21 @@ def gla_bwd_dqk_intra_kernel(
         b_qj = tl.load(q_c + i_j * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
         b_gj = tl.load(g_c + i_j * (H * K) + o_k, mask=m_jk, other=0.)
         m_lo = (o_c >= j)[:, None]
-        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_r & (o_c >= j), other=0.)
-        b_ak = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_r & (o_c <= j) & (i_j < n_t), other=0.)
-        # one exp serves both: rows i >= n + j take exp(G_i - G_{n+j}) (dq), rows i <= n + j
-        # exp(G_{n+j} - G_i) (dk), the two meet at 1 on i = n + j
+        m_rj = m_r & (o_c >= j)
+        m_cj = m_r & (o_c <= j) & (i_j < n_t)
+        b_aq = tl.load(dA_c + o_r * (H * BT) + i_j, mask=m_rj, other=0.)
+        b_cq = tl.load(dA_c + i_j * (H * BT) + o_r, mask=m_cj, other=0.)
+        # one exp serves every product: rows i >= n + j take exp(G_i - G_{n+j}) (the rows' side), rows
+        # i <= n + j exp(G_{n+j} - G_i) (the columns'), the two meet at 1 on i = n + j. Every entry is in [0, 1]
+        # and the dA entries are loaded as zeros off each side's triangle, so no product needs a select.
         b_d = b_g - b_gj[None, :]
         b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        # One row set keeps them: the same values, and dropping them was measured only with two.
         b_dq += tl.where(m_lo, b_aq[:, None] * b_kj[None, :] * b_e, 0.)
-        b_dk += tl.where(o_c[:, None] <= j, b_ak[:, None] * b_qj[None, :] * b_e, 0.)
+        b_dkc += tl.where(o_c[:, None] <= j, b_cq[:, None] * b_qj[None, :] * b_e, 0.)
+    # the intra-chunk parts alone: bwd_dqkg adds the inter-chunk ones and takes dg's reverse cumsum
     tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq, mask=m_rk)
-    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dk, mask=m_rk)
+    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dkc, mask=m_rk)
 
 
 @triton.jit

@@ -204,9 +204,9 @@ def kda_bwd_dqk_intra_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of its
-    # tokens from both pairwise products, A_qk (rows q, columns k; its gradient dAqk) and M (rows and columns
-    # k; dAkk), in fp32, added to the other parts: the finished dq and dk, and dL/dG's pairwise terms in dG
+    # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of its tokens,
+    # in fp32, from both pairwise products, A_qk (rows q, columns k; its gradient dAqk) and M (rows and columns
+    # k; dAkk), added to the other parts: the finished dq and dk, and dL/dG's pairwise terms in dG
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
@@ -233,17 +233,17 @@ def kda_bwd_dqk_intra_kernel(
     # factors about n and m stay within exp(+-DIAG_SPAN); else (strong gates) it is done entry by entry.
     b_span = tl.max(tl.where(m_rk, tl.maximum(tl.abs(b_g - b_gn[None, :]), tl.abs(b_g - b_gm[None, :])), 0.))
     n_diag = (b_span <= DIAG_SPAN).to(tl.int32)
-    # Two row sets: the rows' side ("dq") of A_qk and of M meets the same column tiles k_j exp(G_n - G_j), the
-    # columns' side ("dk") of both lands on k, and the span is a property of G alone, so one test decides the
-    # diagonal block of both. One program builds each column tile, loads G and runs the strong-gate fallback's
-    # loads and exps once for the two products, and sums the parts in registers: two launches (rows q, then
-    # rows k) took 0.648 ms of a 5.6 ms forward+backward at 4x4096x16x128 (H100, bf16) and left four fp32
-    # [B, T, H, K] parts for bwd_dqkg to read back (0.469 ms).
+    # Two row sets (dA below is dAqk): the rows' side ("dq") of A_qk and of M meets the same column tiles
+    # k_j exp(G_n - G_j), the columns' side ("dk") of both lands on k, and the span is a property of G alone, so
+    # one test decides the diagonal block of both. One program builds each column tile, loads G and runs the
+    # strong-gate fallback's loads and exps once for the two products, and sums the parts in registers: two
+    # launches (rows q, then rows k) took 0.648 ms of a 5.6 ms forward+backward at 4x4096x16x128 (H100, bf16)
+    # and left four fp32 [B, T, H, K] parts for bwd_dqkg to read back (0.469 ms).
 
-    # dq_i += sum_{j < n} dAqk_ij k_j exp(G_i - G_j) and dk^Mrow_i += sum_{j < n} dAkk_ij k_j exp(G_i - G_j) over
-    # the earlier sub-chunks (all valid tokens), through this one's first token n: exp(G_i - G_n) sum_c
-    # dA[rows, c] @ (k_j exp(G_n - G_j)) over the earlier sub-chunks c, every exponent <= 0 (and the diagonal
-    # block, bounded, if n_diag)
+    # dq_i += sum_{j < n} dA_ij k_j exp(G_i - G_j) over the earlier sub-chunks (all valid tokens), through this
+    # one's first token n: exp(G_i - G_n) sum_c dA[rows, c] @ (k_j exp(G_n - G_j)) over the earlier sub-chunks
+    # c, every exponent <= 0 (and the diagonal block, bounded, if n_diag);
+    # M's rows' part of dk, dk^Mrow_i += sum_{j < n} dAkk_ij k_j exp(G_i - G_j), from the same column tiles
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_dkr = tl.zeros([BC, BK], dtype=tl.float32)
     for i_c in range(0, i_i + n_diag):
@@ -260,10 +260,11 @@ def kda_bwd_dqk_intra_kernel(
     b_dq = b_dq * b_egn
     b_dkr = b_dkr * b_egn
 
-    # dk^col_j += sum_{i > m} (dAqk_ij q_i + dAkk_ij k_i) exp(G_i - G_j) over the later sub-chunks (A_qk's and
-    # M's columns: both enter dk and dL/dG alike, so one accumulator), through this one's last valid token m:
-    # exp(G_m - G_j) sum_c (dAqk[c, cols]^T @ (q_i exp(G_i - G_m)) + dAkk[c, cols]^T @ (k_i exp(G_i - G_m))),
-    # every exponent <= 0 (and the diagonal block, bounded, if n_diag)
+    # dk^col_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks (the columns' side), through this
+    # one's last valid token m: exp(G_m - G_j) sum_c dA[c, cols]^T @ (q_i exp(G_i - G_m)), every exponent <= 0
+    # (and the diagonal block, bounded, if n_diag);
+    # M's columns add dAkk[c, cols]^T @ (k_i exp(G_i - G_m)) under the same exps: A_qk's and M's columns enter
+    # dk and dL/dG alike, so one accumulator holds both
     b_dkc = tl.zeros([BC, BK], dtype=tl.float32)
     for i_c in range(i_i + 1 - n_diag, tl.cdiv(n_t, BC)):
         o_a = i_c * BC + o_c
@@ -281,8 +282,9 @@ def kda_bwd_dqk_intra_kernel(
     b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
-    # dq_i += dAqk[i, n + j] k_{n+j} exp(G_i - G_{n+j}), dk^Mrow_i += dAkk[i, n + j] k_{n+j} exp(...) for i >= n + j,
-    # dk^col_i += (dAqk[n + j, i] q_{n+j} + dAkk[n + j, i] k_{n+j}) exp(G_{n+j} - G_i) for i <= n + j
+    # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
+    # dk^col_i += dA[n + j, i] q_{n+j} exp(G_{n+j} - G_i) for i <= n + j
+    # and M's: dk^Mrow_i += dAkk[i, n + j] k_{n+j} exp(G_i - G_{n+j}), dk^col_i += dAkk[n + j, i] k_{n+j} exp(...)
     for j in range(BC * (1 - n_diag)):
         i_j = i_n + j
         m_jk = m_k & (i_j < n_t)
@@ -293,15 +295,16 @@ def kda_bwd_dqk_intra_kernel(
         m_rj = m_r & (o_c >= j)
         m_cj = m_r & (o_c <= j) & (i_j < n_t)
         b_aq = tl.load(dAqk_c + o_r * (H * BT) + i_j, mask=m_rj, other=0.)
-        b_ar = tl.load(dAkk_c + o_r * (H * BT) + i_j, mask=m_rj, other=0.)
         b_cq = tl.load(dAqk_c + i_j * (H * BT) + o_r, mask=m_cj, other=0.)
+        b_ar = tl.load(dAkk_c + o_r * (H * BT) + i_j, mask=m_rj, other=0.)
         b_ck = tl.load(dAkk_c + i_j * (H * BT) + o_r, mask=m_cj, other=0.)
-        # one exp serves all three: rows i >= n + j take exp(G_i - G_{n+j}) (the rows' side), rows i <= n + j
-        # exp(G_{n+j} - G_i) (the columns'), the two meet at 1 on i = n + j. Every entry is in [0, 1] and the
-        # dA entries are loaded as zeros off each side's triangle, so no product needs a select: the selects
-        # kept three more [BC, BK] tiles live (sm90: 255 registers and a spill against 172, fla-gen aot)
+        # one exp serves every product: rows i >= n + j take exp(G_i - G_{n+j}) (the rows' side), rows
+        # i <= n + j exp(G_{n+j} - G_i) (the columns'), the two meet at 1 on i = n + j. Every entry is in [0, 1]
+        # and the dA entries are loaded as zeros off each side's triangle, so no product needs a select.
         b_d = b_g - b_gj[None, :]
         b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        # With two row sets the selects kept three more [BC, BK] tiles live (sm90: 255 registers and a spill
+        # against 172, fla-gen aot), so they are dropped.
         b_ek = b_kj[None, :] * b_e
         b_dq += b_aq[:, None] * b_ek
         b_dkr += b_ar[:, None] * b_ek
