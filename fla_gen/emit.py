@@ -19,7 +19,7 @@ from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Heads, InputInfo, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
-from fla_gen.plan import Algorithm, gate_bound_for_chunk, plan_table, select_algorithms
+from fla_gen.plan import Algorithm, decode_work, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
@@ -630,7 +630,7 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
         {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
          **_plan_rows(plan_table(lowered.features, chunk_algo))},
         {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
-         **_plan_rows(plan_table(lowered.features, recurrent_algo))},
+         **_plan_rows(plan_table(lowered.features, recurrent_algo, decode=decode_work(rec)))},
     ]
     if chunk_algo.bounded_chunk_size:
         plans_ctx["tables"].append(

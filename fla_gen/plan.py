@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
 from fla_gen.features import Family, KernelFeatures, RankOne
+from fla_gen.ir import Apply, Node
 from fla_gen.measurements import SOURCES, explain, speaks_for
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
 from fla_gen.tuned import FUSED_WALK, tuned_config
@@ -309,6 +310,30 @@ _CHANNEL_DELTA = Algorithm(
 ALGORITHMS[_CHANNEL_DELTA.name] = _CHANNEL_DELTA
 
 
+@dataclass(frozen=True)
+class DecodeWork:
+    """What the decode kernel (recurrent_fwd) does per token beside the update, from the spec's transforms,
+    which it applies inline as it loads a token when no autograd runs: ``norms`` l2norms (each a reduction
+    over the head dim), ``rotates`` a rope (the rotated partners live in registers beside the state)."""
+
+    norms: int = 0
+    rotates: bool = False
+
+
+def _count_l2norms(node: Node | None) -> int:
+    if not isinstance(node, Apply):
+        return 0
+    return (node.fn == "l2norm") + sum(_count_l2norms(a) for a in node.args)
+
+
+def decode_work(rec: Recurrence) -> DecodeWork:
+    """The per-token transform work of ``rec``'s decode kernel (every transform line, guarded or not: the
+    plan serves the call with its flags on)."""
+    transforms = rec.spec.transforms
+    return DecodeWork(norms=sum(_count_l2norms(t.expr) for t in transforms),
+                      rotates=any(t.kind == "rope" for t in transforms))
+
+
 class PlanError(ValueError):
     """The planner has no rule for this recurrence or target."""
 
@@ -432,10 +457,11 @@ def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[s
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
-                bounded: bool = False, row_gate: bool = False) -> LaunchConfig:
+                bounded: bool = False, row_gate: bool = False, decode: DecodeWork = DecodeWork()) -> LaunchConfig:
     """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
     gate lower bound (plan_algorithm); ``row_gate``: the recurrence decays by one log gate per token (its
-    pair_tiles kernels take plain dots times [BT, BT] decays)."""
+    pair_tiles kernels take plain dots times [BT, BT] decays); ``decode``: the decode kernel's inline
+    transforms."""
     block = min(64, head_dim)
     warps = 4
     warps_src = ""  # the default: no source to cite
@@ -467,6 +493,12 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
                        f"K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay "
                        f"tiles under strong gates; {warps_why}")
     if not shape.pipelined:
+        if shape.stage == "recurrent_fwd" and decode.norms and not decode.rotates:
+            bv = max(16, min(head_dim, (128 * 32) // head_dim))
+            return _config(head_dim, bv, 1, 1, ["recurrent-one-warp"],
+                           f"one warp, whole K, V in {bv}-wide blocks (128 fp32 state registers per thread): the "
+                           f"{decode.norms} l2norm(s) applied inline reduce over K within the warp, not across "
+                           f"warps through shared memory")
         if shape.stage.startswith("recurrent"):
             # The state tile [K, BV] lives in fp32 registers: ~2 registers per element forward and
             # ~4 backward (dS, S and their products), within 128 per thread on 4 warps.
@@ -577,10 +609,13 @@ def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> 
 
 
 def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name: str, dtype: str, head_dim: int,
-                   bounded: bool = False) -> Plan:
+                   bounded: bool = False, decode: DecodeWork | None = None) -> Plan:
     """The Plan of one algorithm for (arch, dtype, head-dim bucket): the rules above, then any
     measured entry of fla_gen/tuned.py for the same kernel and target. ``bounded``: the plan for calls
-    whose gates have a lower bound, at the algorithm's ``bounded_chunk_size``."""
+    whose gates have a lower bound, at the algorithm's ``bounded_chunk_size``; ``decode``: the decode
+    kernel's inline transforms (default: ``decode_work(rec)`` for a Recurrence, none for bare features)."""
+    if decode is None:
+        decode = decode_work(rec) if isinstance(rec, Recurrence) else DecodeWork()
     if arch_name not in ARCHS:
         raise PlanError(f"unknown arch {arch_name!r}; known: {', '.join(ARCHS)}")
     if dtype not in DTYPES:
@@ -612,7 +647,7 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     # drops the whole plan row.
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
                      else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec))) for k in algo.kernels)
+                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec), decode)) for k in algo.kernels)
     if bounded:
         kernels = tuple((stage, _bounded_config(k.bounded, arch_name, cfg))
                         for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
@@ -621,17 +656,20 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 
 
-def plan_table(rec: Recurrence | KernelFeatures, algo: Algorithm, bounded: bool = False) -> tuple[Plan, ...]:
+def plan_table(rec: Recurrence | KernelFeatures, algo: Algorithm, bounded: bool = False,
+               decode: DecodeWork | None = None) -> tuple[Plan, ...]:
     """Every (arch, dtype, head-dim bucket) plan of an algorithm that fits its target, in a fixed
     order; a combination with no plan is left out, and a call that needs it is refused on the host.
-    ``bounded``: the plans for calls with a gate lower bound (see plan_algorithm)."""
+    ``bounded``, ``decode``: as plan_algorithm."""
+    if decode is None:
+        decode = decode_work(rec) if isinstance(rec, Recurrence) else DecodeWork()
     features = kernel_features(rec)
     plans = []
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in HEAD_DIM_BUCKETS:
                 try:
-                    plans.append(plan_algorithm(features, algo, arch, dtype, hd, bounded))
+                    plans.append(plan_algorithm(features, algo, arch, dtype, hd, bounded, decode))
                 except PlanError:
                     continue
     return tuple(plans)

@@ -237,27 +237,27 @@ CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
 # fused_recurrent: the decode kernels
 RECURRENT_PLANS = {
     ("sm80", "bf16", 64): Plan("sm80", "bf16", 64, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(64, 64, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(64, 64, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(64, 64, 4, 1, source="recurrent")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(128, 64, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(128, 32, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(128, 32, 4, 1, source="recurrent")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(256, 32, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(256, 16, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(256, 16, 4, 1, source="recurrent")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(64, 64, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(64, 64, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(64, 64, 4, 1, source="recurrent")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(128, 64, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(128, 32, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(128, 32, 4, 1, source="recurrent")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 1, kernels=(
-        ("recurrent_fwd", LaunchConfig(256, 32, 4, 1, source="recurrent")),
+        ("recurrent_fwd", LaunchConfig(256, 16, 1, 1, source="recurrent-one-warp")),
         ("recurrent_bwd", LaunchConfig(256, 16, 4, 1, source="recurrent")),
     )),
 }

@@ -14,9 +14,11 @@ from fla_gen.plan import (
     ARCHS,
     DTYPES,
     HEAD_DIM_BUCKETS,
+    DecodeWork,
     PlanError,
     _smem_bytes,
     bind_kernel_inputs,
+    decode_work,
     plan_algorithm,
     plan_table,
     select_algorithms,
@@ -90,8 +92,10 @@ def test_plans_fit_every_arch():
                     assert cfg.source, stage
                     if cfg.min_sm_share is None:  # never launched (plan_fused_walk): nothing to fit
                         continue
-                    # the rules give 4 or 8 warps; fewer only where a measured plan (fla_gen/tuned.py) says so
-                    measured = tuned_entry(p.arch, algo.name, stage, p.dtype, p.head_dim) is not None
+                    # the rules give 4 or 8 warps; fewer only where a measured plan (fla_gen/tuned.py) says so,
+                    # or the decode rule whose source cites its measurement (recurrent-one-warp)
+                    measured = tuned_entry(p.arch, algo.name, stage, p.dtype, p.head_dim) is not None \
+                        or cfg.source == "recurrent-one-warp"
                     assert cfg.num_warps in (4, 8) or (cfg.num_warps in (1, 2) and measured), (stage, cfg)
                     shape = next(k for k in algo.kernels if k.stage == stage)
                     sizes = tile_dims(p.chunk_size, cfg.block_k, cfg.block_v)
@@ -105,6 +109,29 @@ def test_plan_table_is_complete_and_deterministic():
     table = plan_table(rec, algo)
     assert len(table) == len(ARCHS) * len(DTYPES) * len(HEAD_DIM_BUCKETS)
     assert table == plan_table(rec, algo)
+
+
+def test_decode_plan_follows_the_inline_transforms():
+    """The decode kernel runs on one warp when it applies l2norms inline and no rope (recurrent-one-warp), and
+    keeps the register rule's four warps otherwise; an explicit DecodeWork overrides what the spec says."""
+    def decode_cfg(stem, decode=None):
+        rec = canonicalize(check_spec(read_spec(next(p for p in SPECS if p.stem == stem))))
+        return plan_algorithm(rec, select_algorithms(rec)[1], "sm90", "bf16", 128, decode=decode).config(
+            "recurrent_fwd")
+
+    for stem in ("kda", "gated_delta_rule"):
+        cfg = decode_cfg(stem)
+        assert (cfg.block_k, cfg.block_v, cfg.num_warps, cfg.source) == (128, 32, 1, "recurrent-one-warp"), stem
+        assert decode_cfg(stem, DecodeWork()).num_warps == 4  # the same spec, told it has no inline norm
+    for stem in ("gated_delta_rule_rope", "linear_attn", "dplr"):  # a rope inline, or no transform at all
+        cfg = decode_cfg(stem)
+        assert (cfg.block_v, cfg.num_warps, cfg.source) == (64, 4, "recurrent"), stem
+    rope = canonicalize(check_spec(read_spec(next(p for p in SPECS if p.stem == "gated_delta_rule_rope"))))
+    assert decode_work(rope) == DecodeWork(norms=2, rotates=True)
+    for bucket, bv in ((64, 64), (256, 16)):  # 128 fp32 state registers per thread at every head dim
+        rec = canonicalize(check_spec(read_spec(next(p for p in SPECS if p.stem == "kda"))))
+        assert plan_algorithm(rec, select_algorithms(rec)[1], "sm80", "fp16", bucket).config(
+            "recurrent_fwd").block_v == bv
 
 
 def test_plan_errors():
