@@ -137,6 +137,7 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
                                                   return_mode="median")))
         for name, ts in times.items():
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
+            result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
         if len(times) == 2:
             result[f"{mode}_fla_over_ours_worst"] = min(f / o for f, o in zip(times["fla"], times["ours"], strict=True))
     return result
