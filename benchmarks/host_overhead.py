@@ -3,6 +3,7 @@
 launch costs nothing: what is left is validation, plan selection, allocations and the dispatcher.
 
     python benchmarks/host_overhead.py [op ...] [--modes nograd,fwd,fwdbwd,decode] [--profile MODE]
+    python benchmarks/host_overhead.py gated_delta_rule kda --group 2 --flags use_qk_l2norm_in_kernel
 
 Modes: ``nograd`` chunk op under no_grad; ``fwd`` chunk op with inputs that require grad (forward
 only); ``fwdbwd`` forward and torch.autograd.grad; ``decode`` the fused_recurrent op at T = 1 with an
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import importlib
 import importlib.util
 import pstats
@@ -29,6 +31,9 @@ import torch  # noqa: E402
 OPS = ("simple_gla", "gla", "gated_delta_rule", "delta_rule", "linear_attn", "rwkv7", "dplr",
        "gated_delta_rule_rope")
 MODES = ("nograd", "fwd", "fwdbwd", "decode")
+# B, T, H, D of the chunk modes. The CPU's allocator costs more per large tensor than CUDA's caching
+# allocator does: a small shape (--shape 1x64x16x128) leaves the host code's own time.
+CHUNK_SHAPE = (8, 2048, 32, 64)
 
 
 class _Stub:
@@ -44,10 +49,11 @@ def _stub_kernels(module) -> None:
             setattr(module, name, _Stub())
 
 
-def _inputs(op: str, B: int, T: int, H: int, D: int, requires_grad: bool) -> list[torch.Tensor | None]:
-    """One tensor per input of ``op`` (INPUTS), shaped by its layout; optional gates are given."""
+def _inputs(op: str, B: int, T: int, H: int, D: int, requires_grad: bool, group: int) -> list[torch.Tensor | None]:
+    """One tensor per input of ``op`` (INPUTS), shaped by its layout; optional gates are given. A spec with
+    grouped value heads (layout letter G) gets ``group`` value heads per q/k head; other specs ignore it."""
     package = importlib.import_module(f"generated.{op}")
-    sizes = {"B": B, "T": T, "H": H, "K": D, "V": D}
+    sizes = {"B": B, "T": T, "H": H, "G": H * group, "K": D, "V": D}
     out = []
     for _name, layout, role, _optional in package.INPUTS:
         x = torch.randn(*(sizes[c] for c in layout))
@@ -57,20 +63,23 @@ def _inputs(op: str, B: int, T: int, H: int, D: int, requires_grad: bool) -> lis
     return out
 
 
-def _callable(op: str, mode: str):
-    """A zero-argument function running one call of ``op`` in ``mode``."""
+def _callable(op: str, mode: str, group: int = 1, flags: tuple[str, ...] = (),
+              shape: tuple[int, int, int, int] = CHUNK_SHAPE):
+    """A zero-argument function running one call of ``op`` in ``mode``, with the call-time ``flags``
+    (fla's boolean switches, e.g. ``use_qk_l2norm_in_kernel``) set to True."""
     kind = "fused_recurrent" if mode == "decode" else "chunk"
     _stub_kernels(importlib.import_module(f"generated.{op}.{kind}"))
     if importlib.util.find_spec(f"generated.{op}.transforms"):  # a spec's transforms launch kernels too
         _stub_kernels(importlib.import_module(f"generated.{op}.transforms"))
-    fn = getattr(importlib.import_module(f"generated.{op}"), f"{kind}_{op}")
+    fn = functools.partial(getattr(importlib.import_module(f"generated.{op}"), f"{kind}_{op}"),
+                           **dict.fromkeys(flags, True))
     if mode == "decode":
         B, T, H, D = 64, 1, 16, 128
-        args = _inputs(op, B, T, H, D, False)
-        h0 = torch.zeros(B, H, D, D)
+        args = _inputs(op, B, T, H, D, False, group)
+        h0 = torch.zeros(B, args[2].shape[2], D, D)
         return lambda: fn(*args, initial_state=h0, output_final_state=True)
-    B, T, H, D = 8, 2048, 32, 64
-    args = _inputs(op, B, T, H, D, mode != "nograd")
+    B, T, H, D = shape
+    args = _inputs(op, B, T, H, D, mode != "nograd", group)
     if mode == "nograd":
         def call():
             with torch.no_grad():
@@ -78,16 +87,17 @@ def _callable(op: str, mode: str):
         return call
     if mode == "fwd":
         return lambda: fn(*args)
-    do = torch.randn(B, T, H, D)
+    do = torch.randn_like(args[2])
     leaves = [a for a in args if a is not None]
     return lambda: torch.autograd.grad(fn(*args)[0], leaves, do)
 
 
-def measure(op: str, mode: str, iters: int = 500, repeats: int = 3) -> float:
+def measure(op: str, mode: str, iters: int = 500, repeats: int = 3, group: int = 1,
+            flags: tuple[str, ...] = (), shape: tuple[int, int, int, int] = CHUNK_SHAPE) -> float:
     """Microseconds of host time per call of ``op`` in ``mode``: the best of ``repeats`` runs of
     ``iters`` calls, after 20 warm-up calls (the best, as the CPU's allocator of the large tensors
     makes single runs noisy)."""
-    call = _callable(op, mode)
+    call = _callable(op, mode, group, flags, shape)
     for _ in range(20):
         call()
     best = float("inf")
@@ -106,10 +116,19 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", choices=MODES, help="cProfile one op in this mode instead")
+    parser.add_argument("--group", type=int, default=1,
+                        help="value heads per q/k head, for specs with grouped value heads (Qwen3-Next: 2)")
+    parser.add_argument("--flags", default="", help="comma-separated call-time switches set to True, "
+                        "e.g. use_qk_l2norm_in_kernel")
+    parser.add_argument("--shape", default="x".join(map(str, CHUNK_SHAPE)), help="BxTxHxD of the chunk modes")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    flags = tuple(f for f in args.flags.split(",") if f)
+    shape = tuple(int(n) for n in args.shape.split("x"))
+    if len(shape) != 4:
+        parser.error(f"--shape takes BxTxHxD, got {args.shape!r}")
     if args.profile:
-        call = _callable(args.ops[0], args.profile)
+        call = _callable(args.ops[0], args.profile, args.group, flags, shape)
         for _ in range(20):
             call()
         prof = cProfile.Profile()
@@ -121,7 +140,7 @@ def main() -> int:
         return 0
     print(f"{'op':24s}" + "".join(f"{m:>10s}" for m in args.modes.split(",")) + "   (host us/call)")
     for op in args.ops:
-        row = [measure(op, m, args.iters, args.repeats) for m in args.modes.split(",")]
+        row = [measure(op, m, args.iters, args.repeats, args.group, flags, shape) for m in args.modes.split(",")]
         print(f"{op:24s}" + "".join(f"{us:10.1f}" for us in row))
     return 0
 
