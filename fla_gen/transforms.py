@@ -603,3 +603,67 @@ def inline_transforms(t: TransformKernel | None, lowered: Lowered, grouped_kerne
         body.append(f"b_pos = tl.load(pos + row // {'HV' if grouped_kernel else 'H'}).to(tl.float32)")
     body += list(t.row_fwd)
     return InlineTransforms(params, "\n".join(body), {name: t.outs[name] for name, _ in t.outputs}, t.flags)
+
+
+@dataclass(frozen=True)
+class RowNorms:
+    """Switched ``l2norm`` lines on the query and key inputs that a chunk op applies inside its forward
+    kernels when no gradient is needed: each loaded q or k row r is scaled by 1 / sqrt(|r|^2 + eps) where it
+    enters a product (the kernels' NORM_Q / NORM_K), instead of the pass reading q and k and writing them
+    normalised, which the kernels then read again (two of the four passes over q and k).
+
+    ``query`` / ``key``: the flags whose lines normalise the query / key input (empty: none do). With
+    autograd the pass runs as usual: the backward needs the normalised tensors, and the pass's backward
+    kernel turns their gradients into those of the raw inputs.
+    """
+
+    query: tuple[str, ...]
+    key: tuple[str, ...]
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Every flag the kernels take over, in declaration order, once each."""
+        return tuple(dict.fromkeys((*self.query, *self.key)))
+
+
+def _normalises(t: TransformInfo, name: str) -> bool:
+    """Whether ``t`` is the line ``name = l2norm(name)``."""
+    e = t.expr
+    return (t.kind == "map" and t.targets == (name,) and isinstance(e, Apply) and e.fn == "l2norm"
+            and isinstance(e.args[0], Ref) and e.args[0].name == name)
+
+
+def row_norms(lowered: Lowered) -> RowNorms | None:
+    """The switched l2norms that the chunk kernels can apply as row scales (:class:`RowNorms`), or None.
+
+    A flag qualifies when every line it guards normalises the input that the query or the key slot reads
+    as it is, and that input is read by no other slot and rebound by no other line: then the kernels load
+    the raw rows, and the pass with the flag off leaves the input untouched. An unswitched l2norm stays in
+    the pass (the pass has no switch to leave it out).
+    """
+    spec = lowered.rec.spec
+    q, k = lowered.slot("q"), lowered.slot("k")
+    if q.source is not SlotSource.INPUT or k.source is not SlotSource.INPUT:
+        return None
+    roles = {q.input: "query", k.input: "key"} if q.input != k.input else {q.input: "both"}
+    if any(s.arg not in ("q", "k") and inputs_read(s.expr) & set(roles) for s in lowered.slots):
+        return None
+    normalised: dict[str, list[str]] = {"query": [], "key": []}
+    guards = dict.fromkeys(t.guard for t in spec.transforms if t.guard)
+    for flag in guards:
+        lines = [t for t in spec.transforms if t.guard == flag]
+        if not all(len(t.targets) == 1 and t.targets[0] in roles and _normalises(t, t.targets[0]) for t in lines):
+            continue
+        for t in lines:
+            role = roles[t.targets[0]]
+            for side in ("query", "key") if role == "both" else (role,):
+                if flag not in normalised[side]:
+                    normalised[side].append(flag)
+    taken = set(normalised["query"]) | set(normalised["key"])
+    # every line on q's or k's input must be one the kernels take over: the pass would apply it on raw rows
+    for t in spec.transforms:
+        if set(t.targets) & set(roles) and t.guard not in taken:
+            return None
+    if not taken:
+        return None
+    return RowNorms(tuple(normalised["query"]), tuple(normalised["key"]))
