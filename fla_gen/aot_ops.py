@@ -1,9 +1,8 @@
 """Compile every kernel of generated ops ahead of time for real GPU targets, without a GPU.
 
 For each target arch the op is called on CPU stand-in inputs with that arch's plans forced
-(chunk and fused recurrent, forward and backward, with and without cu_seqlens; also without autograd, where
-the fused recurrent forward applies a spec's transforms inline and the chunk forward its switched l2norms of q
-and k), every kernel launch is captured
+(chunk and fused recurrent, forward and backward, with and without cu_seqlens; fused recurrent also
+without autograd, where it applies a spec's transforms inline), every kernel launch is captured
 instead of run, and each captured specialization is compiled with ``triton.compile`` for the target
 (``fla_gen.aot``). Must run with TRITON_INTERPRET unset.
 """
@@ -80,10 +79,6 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         switched.update({i.name: torch.zeros(HV if i.heads is Heads.HV else H) for i in rec.spec.guarded_inputs})
         o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
         torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
-        # and without autograd, where the kernels apply switched lines themselves (the decode kernel every
-        # line it can inline, the chunk forward the l2norms of q and k: NORM_Q / NORM_K)
-        with torch.no_grad():
-            fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

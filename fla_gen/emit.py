@@ -16,23 +16,20 @@ import jinja2
 
 from fla_gen import __version__
 from fla_gen.canonical import GateKind, Recurrence
-from fla_gen.features import KernelFeatures
 from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, Heads, InputInfo, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
 from fla_gen.plan import Algorithm, decode_work, gate_bound_for_chunk, plan_table, select_algorithms
-from fla_gen.reference import L2NORM_EPS, TorchExpr, derive_reference
+from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
 from fla_gen.transforms import (
     InlineTransforms,
-    RowNorms,
     TransformKernel,
     TransformPart,
     inline_transforms,
     pass_outputs,
     plan_transforms,
-    row_norms,
     transform_parts,
 )
 
@@ -41,9 +38,6 @@ TEMPLATES_DIR = data_dir("templates")
 # q and k on H heads to the launchers. The others get a host-side fallback: the generated function repeats
 # every H-head input to HV heads and runs the op ungrouped.
 GROUPING_TEMPLATES: frozenset[str] = frozenset({"kernels/fused_recurrent.jinja", "kernels/chunk_delta.jinja"})
-# The chunk template whose forward kernels take NORM_Q / NORM_K (a switched l2norm of q / k, its log scale added
-# to the decay's exponents): chunk_delta.jinja, in its rendering with a scalar decay per token.
-ROW_NORM_TEMPLATE = "kernels/chunk_delta.jinja"
 # Layout letters (fla_gen.runtime.validate): G stands for the value heads HV.
 _LETTER_NAMES = {"G": "HV"}
 
@@ -265,36 +259,6 @@ def host_repeats_heads(lowered: Lowered, algo: Algorithm) -> bool:
     return not kernel_groups_heads(lowered, algo) or transform_parts(lowered) is None
 
 
-def kernel_row_norms(lowered: Lowered, algo: Algorithm, features: KernelFeatures) -> RowNorms | None:
-    """The switched l2norms of q and k that the chunk kernels of ``algo`` apply themselves on a call without
-    autograd (:func:`fla_gen.transforms.row_norms`), or None: the template is ROW_NORM_TEMPLATE and the decay a
-    scalar per token, whose exponents the norms' log scales join."""
-    if algo.template != ROW_NORM_TEMPLATE or not features.scalar_decay or features.head_decay:
-        return None
-    return row_norms(lowered)
-
-
-def _row_norm_block(lowered: Lowered, norms: RowNorms | None) -> str:
-    """The public chunk op's lines (indented 4) that, on a call without autograd, hand the switched l2norms of
-    q and k to the kernels (``row_norms``) and switch their flags off for the pass; empty without."""
-    if norms is None:
-        return ""
-    spec = lowered.rec.spec
-    tensors = ", ".join([i.name for i in (*spec.inputs, *spec.guarded_inputs)] + ["initial_state"])
-
-    def side(flags: tuple[str, ...]) -> str:
-        return f"bool({' or '.join(flags)})" if flags else "False"
-
-    lines = [
-        "# Without autograd the forward kernels apply these l2norms to the q and k rows they load (fwd_wu, the",
-        "# walk, fwd_o: NORM_Q / NORM_K), so the pass does not read q and k and write them again.",
-        "row_norms = (False, False)",
-        f"if ({' or '.join(norms.flags)}) and runs_without_autograd(({tensors})):",
-        f"    row_norms = ({side(norms.query)}, {side(norms.key)})",
-    ] + [f"    {f} = False" for f in norms.flags]
-    return "\n".join("    " + ln for ln in lines)
-
-
 def _kernel_bindings(lowered: Lowered) -> tuple[list[str], list[str], list[bool]]:
     """The launcher's positional tensors (fixed names), the public expressions passed for them, and
     which of them may be None. A slot the lowering derives is the local ``_<arg>`` (_derived_block)."""
@@ -407,7 +371,6 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     transforms = plan_transforms(lowered)
     derived_block = _derived_block(lowered)
     groups_heads = kernel_groups_heads(lowered, algo)
-    norms = kernel_row_norms(lowered, algo, features) if chunked else None
     inline = None
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered, groups_heads)
@@ -424,7 +387,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=features.token_gate, head_gate=features.head_decay,
             features=dataclasses.replace(features, grouped=groups_heads),
-            inline=inline, row_norms=norms is not None, l2norm_eps=repr(L2NORM_EPS),
+            inline=inline,
         ).strip("\n"),
         "chunked": chunked,
         # The custom op fla_gen::<public> (fla_gen/runtime/torch_op.py) that the public function calls.
@@ -452,7 +415,6 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "bounded_chunk": algo.bounded_chunk_size,
         "bounded_limit": f"{gate_bound_for_chunk(algo.bounded_chunk_size):.2f}" if algo.bounded_chunk_size else "",
         "inline_block": inline_block,
-        "row_norm_block": _row_norm_block(lowered, norms),
         "transform_block": transform_block,
         "transform_imports": transform_imports,
         "derived_block": derived_block,

@@ -156,19 +156,6 @@ def _may_be_traced() -> bool:
             or torch._C._len_torch_dispatch_stack() > 0)
 
 
-def runs_without_autograd(tensors: Sequence[torch.Tensor | None]) -> bool:
-    """Whether :func:`call_op` runs the op's body directly with no autograd for a call with these tensors:
-    nothing is traced or transformed, every tensor is a plain one and none needs a gradient. A generated op
-    may then switch its body to kernels that do the forward alone (e.g. l2norms applied on load)."""
-    if _may_be_traced():
-        return False
-    grad = torch.is_grad_enabled()
-    for a in tensors:
-        if a is not None and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
-            return False
-    return True
-
-
 def call_op(op: Callable, body: Callable, *args) -> list:
     """Run the custom op ``op``, or its body directly where the dispatcher adds nothing.
 

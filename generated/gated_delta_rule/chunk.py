@@ -19,7 +19,6 @@ from fla_gen.runtime.torch_op import (
     chunk_tables,
     define_op,
     forward_outputs,
-    runs_without_autograd,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_guarded_inputs, validate_options
@@ -30,36 +29,6 @@ from .transforms import gated_delta_rule_transforms
 # Kernels (templates/kernels/chunk_delta.jinja): they use the torch, triton and tl imported above.
 
 
-@triton.jit
-def gated_delta_rule_row_norms_kernel(
-    q,
-    k,
-    lq,
-    lk,
-    n_rows,
-    K: tl.constexpr,
-    BR: tl.constexpr,
-    BK: tl.constexpr,
-    NORM_Q: tl.constexpr,
-    NORM_K: tl.constexpr,
-):
-    # BR consecutive rows of the flat [B * T * H] rows of q and k: l = -log sqrt(|x|^2 + eps), the log of the
-    # scale l2norm applies to a row (fp32, fla's eps), for the forward kernels to add to their decay exponents.
-    # Kernels that reduced the rows themselves measured 616 (fwd_wu) and 688 us (fwd_fused) against 430 and 391
-    # with the pass that writes normalised q and k (86 us) at 4x4096, H=16, HV=32 (H100, bf16): the reductions
-    # and fp32 tiles raised their register pressure (sm90 fwd_fused spills 12 -> 124 B).
-    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    o_k = tl.arange(0, BK)
-    m_r = o_r < n_rows
-    m_rk = m_r[:, None] & (o_k < K)[None, :]
-    if NORM_Q:
-        b_q = tl.load(q + o_r[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-        tl.store(lq + o_r, -0.5 * tl.log(tl.sum(b_q * b_q, axis=1) + 1e-06), mask=m_r)
-    if NORM_K:
-        b_k = tl.load(k + o_r[:, None] * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-        tl.store(lk + o_r, -0.5 * tl.log(tl.sum(b_k * b_k, axis=1) + 1e-06), mask=m_r)
-
-
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_wu_kernel(
     q,
@@ -68,7 +37,6 @@ def gated_delta_rule_fwd_wu_kernel(
     g,
     g_cum,
     beta,
-    lk,
     do,
     Ai,
     w,
@@ -87,7 +55,6 @@ def gated_delta_rule_fwd_wu_kernel(
     BV: tl.constexpr,
     USE_G: tl.constexpr,
     DV_LOCAL: tl.constexpr,
-    NORM_K: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
@@ -100,8 +67,6 @@ def gated_delta_rule_fwd_wu_kernel(
     #      diag(beta exp(G)) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
     #      the blocks without any layout shuffle in registers).
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P^T[j, i] = scale exp(G_i - G_j) k_j . q_i.
-    # NORM_K (forward only): A and W of l2norm(k), its log scale lk (row_norms_kernel) added to the exponents of
-    # A_cd's rows (G_c + lk_c) and columns (G_d - lk_d) and of W's column scales of Ai.
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -191,29 +156,16 @@ def gated_delta_rule_fwd_wu_kernel(
     # A_cd *= beta_c exp(G_c - G_d); within a diagonal block only below the diagonal, where the decay
     # is exp'd (G_i - G_j <= 0 there; above it the difference could overflow)
     m_s = o_c[:, None] > o_c[None, :]
-    b_Gr0, b_Gc0 = b_G0, b_G0
-    b_Gr1, b_Gc1 = b_G1, b_G1
-    b_Gr2, b_Gc2 = b_G2, b_G2
-    b_Gr3, b_Gc3 = b_G3, b_G3
-    if NORM_K:
-        b_lk0 = tl.load(lk + (t0 + o_r0) * HK + i_hk, mask=m_r0, other=0.)
-        b_Gr0, b_Gc0 = b_G0 + b_lk0, b_G0 - b_lk0
-        b_lk1 = tl.load(lk + (t0 + o_r1) * HK + i_hk, mask=m_r1, other=0.)
-        b_Gr1, b_Gc1 = b_G1 + b_lk1, b_G1 - b_lk1
-        b_lk2 = tl.load(lk + (t0 + o_r2) * HK + i_hk, mask=m_r2, other=0.)
-        b_Gr2, b_Gc2 = b_G2 + b_lk2, b_G2 - b_lk2
-        b_lk3 = tl.load(lk + (t0 + o_r3) * HK + i_hk, mask=m_r3, other=0.)
-        b_Gr3, b_Gc3 = b_G3 + b_lk3, b_G3 - b_lk3
-    b_A00 = b_A00 * b_beta0[:, None] * tl.exp(tl.where(m_s, b_Gr0[:, None] - b_Gc0[None, :], float("-inf")))
-    b_A10 = b_A10 * b_beta1[:, None] * tl.exp(b_Gr1[:, None] - b_Gc0[None, :])
-    b_A11 = b_A11 * b_beta1[:, None] * tl.exp(tl.where(m_s, b_Gr1[:, None] - b_Gc1[None, :], float("-inf")))
-    b_A20 = b_A20 * b_beta2[:, None] * tl.exp(b_Gr2[:, None] - b_Gc0[None, :])
-    b_A21 = b_A21 * b_beta2[:, None] * tl.exp(b_Gr2[:, None] - b_Gc1[None, :])
-    b_A22 = b_A22 * b_beta2[:, None] * tl.exp(tl.where(m_s, b_Gr2[:, None] - b_Gc2[None, :], float("-inf")))
-    b_A30 = b_A30 * b_beta3[:, None] * tl.exp(b_Gr3[:, None] - b_Gc0[None, :])
-    b_A31 = b_A31 * b_beta3[:, None] * tl.exp(b_Gr3[:, None] - b_Gc1[None, :])
-    b_A32 = b_A32 * b_beta3[:, None] * tl.exp(b_Gr3[:, None] - b_Gc2[None, :])
-    b_A33 = b_A33 * b_beta3[:, None] * tl.exp(tl.where(m_s, b_Gr3[:, None] - b_Gc3[None, :], float("-inf")))
+    b_A00 = b_A00 * b_beta0[:, None] * tl.exp(tl.where(m_s, b_G0[:, None] - b_G0[None, :], float("-inf")))
+    b_A10 = b_A10 * b_beta1[:, None] * tl.exp(b_G1[:, None] - b_G0[None, :])
+    b_A11 = b_A11 * b_beta1[:, None] * tl.exp(tl.where(m_s, b_G1[:, None] - b_G1[None, :], float("-inf")))
+    b_A20 = b_A20 * b_beta2[:, None] * tl.exp(b_G2[:, None] - b_G0[None, :])
+    b_A21 = b_A21 * b_beta2[:, None] * tl.exp(b_G2[:, None] - b_G1[None, :])
+    b_A22 = b_A22 * b_beta2[:, None] * tl.exp(tl.where(m_s, b_G2[:, None] - b_G2[None, :], float("-inf")))
+    b_A30 = b_A30 * b_beta3[:, None] * tl.exp(b_G3[:, None] - b_G0[None, :])
+    b_A31 = b_A31 * b_beta3[:, None] * tl.exp(b_G3[:, None] - b_G1[None, :])
+    b_A32 = b_A32 * b_beta3[:, None] * tl.exp(b_G3[:, None] - b_G2[None, :])
+    b_A33 = b_A33 * b_beta3[:, None] * tl.exp(tl.where(m_s, b_G3[:, None] - b_G3[None, :], float("-inf")))
 
     # 2a. X_c = (I + A_cc)^{-1} - I by forward substitution on all four diagonal blocks at once: row r
     #     is -A_cc[r] - sum_m A_cc[r, m] X_c[m] over the rows m < r already done. X_c starts as -A_cc,
@@ -285,10 +237,7 @@ def gated_delta_rule_fwd_wu_kernel(
         b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
     if USE_G:  # for the sequential walks (walked_chunk_gate)
         tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t)
-    b_Gr = b_G
-    if NORM_K:
-        b_Gr = b_G + tl.load(lk + (t0 + o_i) * HK + i_hk, mask=m_t, other=0.)
-    b_Aw = (b_Ai * (b_beta * tl.exp(b_Gr))[None, :]).to(k.dtype.element_ty)
+    b_Aw = (b_Ai * (b_beta * tl.exp(b_G))[None, :]).to(k.dtype.element_ty)
     b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
     # k q^T for dv_local (backward only), accumulated in the W loop that loads k anyway
     b_KQ = tl.zeros([BT, BT], dtype=tl.float32)
@@ -328,7 +277,6 @@ def gated_delta_rule_fwd_h_kernel(
     v_new,
     h0,
     ht,
-    lk,
     cu_seqlens,
     chunk_offsets,
     T,
@@ -343,7 +291,6 @@ def gated_delta_rule_fwd_h_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    NORM_K: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks of its sequence in order with the
     # [BK, BV] block of the state in fp32 registers. BK covers all of K: v_new = U - W h contracts over
@@ -397,10 +344,7 @@ def gated_delta_rule_fwd_h_kernel(
             b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
             b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_new_j^T; exp(G_L - G_j) <= 1
-        b_Gc = b_G
-        if NORM_K:  # the columns of k_hat^T = k^T diag(exp(lk))
-            b_Gc = b_G - tl.load(lk + (t0 + o_i) * HK + i_hk, mask=m_t, other=0.)
-        b_vn *= tl.exp(b_GL - b_Gc)[:, None]
+        b_vn *= tl.exp(b_GL - b_G)[:, None]
         b_h *= tl.exp(b_GL)
         b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
@@ -415,8 +359,6 @@ def gated_delta_rule_fwd_fused_kernel(
     w,
     u,
     g_cum,
-    lq,
-    lk,
     o,
     h0,
     ht,
@@ -434,16 +376,12 @@ def gated_delta_rule_fwd_fused_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    NORM_Q: tl.constexpr,
-    NORM_K: tl.constexpr,
 ):
     # fwd_h and fwd_o in one kernel: the state walk of fwd_h (one program per V block and sequence * head,
     # the whole-K state in fp32 registers) also writes each chunk's output,
     # o = scale * (exp(G) * (q @ h) + (causal(q @ k^T) * exp(G_i - G_j)) @ v_new),
     # so neither the chunk states nor v_new go through memory. The launcher takes it when the grid fills
     # enough of the GPU (launch.fused_walk_block_v), else fwd_h + fwd_o.
-    # NORM_Q / NORM_K: l2norm(q) / l2norm(k), their log scales (row_norms_kernel) added to the exponents of the
-    # rows of q @ h and P (G + lq) and of P's columns and v_new's rows in the state update (G - lk).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -477,12 +415,6 @@ def gated_delta_rule_fwd_fused_kernel(
         t0 = bos + 0 * BT
         b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - 0 * BT) - 1) * H + i_h, mask=0 < NT, other=0.)
         b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
-    b_Gr, b_Gc = b_G, b_G
-    m_l = 0 * BT + o_i < T_seq
-    if NORM_Q:
-        b_Gr = b_G + tl.load(lq + (bos + 0 * BT + o_i) * HK + i_hk, mask=m_l, other=0.)
-    if NORM_K:
-        b_Gc = b_G - tl.load(lk + (bos + 0 * BT + o_i) * HK + i_hk, mask=m_l, other=0.)
     for i_t in range(0, NT):
         b_G_next = tl.zeros([BT], dtype=tl.float32)
         b_GL_next = 0.
@@ -491,12 +423,6 @@ def gated_delta_rule_fwd_fused_kernel(
             t0_next = bos + (i_t + 1) * BT
             b_GL_next = tl.load(g_cum + (t0_next + tl.minimum(BT, T_seq - (i_t + 1) * BT) - 1) * H + i_h, mask=i_t + 1 < NT, other=0.)
             b_G_next = tl.where(m_t_next, tl.load(g_cum + (t0_next + o_i) * H + i_h, mask=m_t_next, other=0.), b_GL_next)
-        b_Gr_next, b_Gc_next = b_G_next, b_G_next
-        m_l_next = (i_t + 1) * BT + o_i < T_seq
-        if NORM_Q:
-            b_Gr_next = b_G_next + tl.load(lq + (bos + (i_t + 1) * BT + o_i) * HK + i_hk, mask=m_l_next, other=0.)
-        if NORM_K:
-            b_Gc_next = b_G_next - tl.load(lk + (bos + (i_t + 1) * BT + o_i) * HK + i_hk, mask=m_l_next, other=0.)
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
@@ -511,15 +437,14 @@ def gated_delta_rule_fwd_fused_kernel(
         # P before q @ h: in the other order the head-dim-128 build spilled 60 B at [64, 4 warps, 3 stages] (fla-gen
         # aot, sm90) and the forward took 0.404 ms against 0.329 at 4x4096x16x128 (H100; experiment in git history at 0a80dc0)
         # exp only where i >= j: G_i - G_j <= 0 there, while above the diagonal it could overflow
-        b_P = tl.dot(b_q, b_kT) * scale * tl.exp(tl.where(m_A, b_Gr[:, None] - b_Gc[None, :], float("-inf")))
-        b_o = tl.dot(b_q, b_hb.to(b_q.dtype)) * (scale * tl.exp(b_Gr))[:, None]
+        b_P = tl.dot(b_q, b_kT) * scale * tl.exp(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf")))
+        b_o = tl.dot(b_q, b_hb.to(b_q.dtype)) * (scale * tl.exp(b_G))[:, None]
         b_o = tl.dot(b_P.to(b_vnb.dtype), b_vnb, b_o)
         tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_new_j^T; exp(G_L - G_j) <= 1
-        b_vnb = (b_vn * tl.exp(b_GL - b_Gc)[:, None]).to(b_kT.dtype)
+        b_vnb = (b_vn * tl.exp(b_GL - b_G)[:, None]).to(b_kT.dtype)
         b_h *= tl.exp(b_GL)
         b_G, b_GL = b_G_next, b_GL_next
-        b_Gr, b_Gc = b_Gr_next, b_Gc_next
         b_h = tl.dot(b_kT, b_vnb, b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
@@ -533,8 +458,6 @@ def gated_delta_rule_fwd_o_kernel(
     g,
     h,
     o,
-    lq,
-    lk,
     cu_seqlens,
     chunk_indices,
     scale,
@@ -548,8 +471,6 @@ def gated_delta_rule_fwd_o_kernel(
     BV: tl.constexpr,
     USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    NORM_Q: tl.constexpr,
-    NORM_K: tl.constexpr,
 ):
     # One program per (V block, chunk, batch * head):
     # o = scale * (exp(G) * (q @ h) + (causal(q @ k^T) * exp(G_i - G_j)) @ v_new).
@@ -602,16 +523,9 @@ def gated_delta_rule_fwd_o_kernel(
     b_G = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_G = tl.cumsum(tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32), axis=0)
-    # NORM_Q / NORM_K: l2norm(q) / l2norm(k), their log scales (row_norms_kernel) added to the exponents of the
-    # rows of q @ h and P (G + lq) and of P's columns (G - lk)
-    b_Gr, b_Gc = b_G, b_G
-    if NORM_Q:
-        b_Gr = b_G + tl.load(lq + (t0 + o_i) * HK + i_hk, mask=m_t, other=0.)
-    if NORM_K:
-        b_Gc = b_G - tl.load(lk + (t0 + o_i) * HK + i_hk, mask=m_t, other=0.)
-    b_o *= (scale * tl.exp(b_Gr))[:, None]
+    b_o *= (scale * tl.exp(b_G))[:, None]
     # exp only where i >= j: G_i - G_j <= 0 there, while above the diagonal it could overflow
-    b_P = b_P * scale * tl.exp(tl.where(m_A, b_Gr[:, None] - b_Gc[None, :], float("-inf")))
+    b_P = b_P * scale * tl.exp(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf")))
     o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
     b_vn = tl.load(v_new + o_tv, mask=m_tv, other=0.)
@@ -1075,26 +989,8 @@ def gated_delta_rule_bwd_wy_kernel(
         tl.store(dg + (t0 + o_i) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
 
 
-def _row_norms(q, k, norm_q, norm_k):
-    """The log scales l2norm applies to the rows of q and k [B, T, H, K] (contiguous), -log sqrt(|x|^2 + eps):
-    lq, lk [B, T, H] float32, each None where its flag is off."""
-    B, T, H, K = q.shape
-    lq = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if norm_q else None
-    lk = torch.empty(B, T, H, dtype=torch.float32, device=q.device) if norm_k else None
-    if lq is None and lk is None:
-        return lq, lk
-    rows = B * T * H
-    BK = launch.next_power_of_2(K)
-    BR, warps = launch.row_tile(rows, BK, "fwd")
-    gated_delta_rule_row_norms_kernel[(launch.cdiv(rows, BR),)](
-        q, k, lq, lk, rows, K=K, BR=BR, BK=BK, NORM_Q=norm_q, NORM_K=norm_k, num_warps=warps,
-    )
-    return lq, lk
-
-
-def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, lk=None):
+def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
-    lk: [B, T, H] float32 from _row_norms, or None: W and A of l2norm(k) (forward only).
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
@@ -1119,7 +1015,6 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, lk=N
         g,
         g_cum,
         beta,
-        lk,
         do,
         Ai,
         w,
@@ -1138,7 +1033,6 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, lk=N
         BV=BV,
         USE_G=g is not None,
         DV_LOCAL=do is not None,
-        NORM_K=lk is not None,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -1146,11 +1040,9 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, lk=N
     return w, u, Ai, dv_local, g_cum
 
 
-def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan, lk=None):
+def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
     """States at the start of every chunk, v_new = U - W h, and optionally the final state (g_cum: [B, T, H]
     float32 from _chunk_wu, or None).
-
-    lk: [B, T, H] float32 from _row_norms, or None: the state update of l2norm(k) (forward only).
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
@@ -1176,7 +1068,6 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
         v_new,
         initial_state,
         final_state,
-        lk,
         cu_seqlens,
         chunk_offsets,
         T,
@@ -1191,14 +1082,13 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state,
         IS_VARLEN=cu_seqlens is not None,
-        NORM_K=lk is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return h, v_new, final_state
 
 
-def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan, row_norms=(False, False)):
+def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
     """Chunked forward of the gated delta rule: fwd_wu, then fwd_fused (the state walk that
     also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
 
@@ -1214,8 +1104,6 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
         plan: the Plan (stages fwd_wu, fwd_fused or fwd_h and fwd_o; chunk_size 16, 32 or 64).
-        row_norms: (q, k): l2-normalise q / k in the forward kernels, as scales from _row_norms (no autograd:
-            the backward kernels read the pass's normalised q and k).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -1226,8 +1114,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    lq, lk = _row_norms(q, k, *row_norms)
-    w, u, _, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan, lk=lk)
+    w, u, _, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
     walks = N
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
@@ -1242,8 +1129,6 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             w,
             u,
             g_cum,
-            lq,
-            lk,
             o,
             walk_initial_state,
             walk_final_state,
@@ -1261,13 +1146,11 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             USE_INITIAL_STATE=walk_initial_state is not None,
             STORE_FINAL_STATE=walk_final_state is not None,
             IS_VARLEN=walk_cu_seqlens is not None,
-            NORM_Q=lq is not None,
-            NORM_K=lk is not None,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    h, v_new, final_state = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan, lk=lk)
+    h, v_new, final_state = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1279,8 +1162,6 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         g,
         h,
         o,
-        lq,
-        lk,
         cu_seqlens,
         chunk_indices,
         scale,
@@ -1294,8 +1175,6 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         BV=BV,
         USE_G=g is not None,
         IS_VARLEN=cu_seqlens is not None,
-        NORM_Q=lq is not None,
-        NORM_K=lk is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -1442,10 +1321,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
 
 # ----------------------------------------------------------------------------- torch op
 
-def _op_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, row_norms=(False, False)):
+def _op_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_gated_delta_rule: pick the plan, build the varlen tables, launch.
-    ``row_norms`` (q, k): l2-normalise q / k in the forward kernels; only on a call without autograd, which
-    runs this body directly (the op itself, traced or differentiated, never passes it).
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
@@ -1453,7 +1330,7 @@ def _op_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_s
     chunk_indices, chunk_offsets = chunk_tables("chunk_gated_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
     o, final_state, saved = chunk_fwd(
         q, k, v, g, beta, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan, row_norms=row_norms,
+        cu_seqlens, chunk_indices, chunk_offsets, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1617,12 +1494,6 @@ def chunk_gated_delta_rule(
         ("gk", gk, None),
         ("gv", gv, None),
     ))
-    # Without autograd the forward kernels apply these l2norms to the q and k rows they load (fwd_wu, the
-    # walk, fwd_o: NORM_Q / NORM_K), so the pass does not read q and k and write them again.
-    row_norms = (False, False)
-    if (use_qk_l2norm_in_kernel) and runs_without_autograd((q, k, v, g, beta, A_log, dt_bias, initial_state)):
-        row_norms = (bool(use_qk_l2norm_in_kernel), bool(use_qk_l2norm_in_kernel))
-        use_qk_l2norm_in_kernel = False
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
         if A_log is None:
             A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
@@ -1631,14 +1502,6 @@ def chunk_gated_delta_rule(
         _q, _k, _g, _beta = gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval))
     else:
         _q, _k, _g, _beta = q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous()
-    if row_norms != (False, False):
-        # the op's body, as call_op runs it without autograd, with the norms in its kernels
-        o, final_state, *_ = _op_forward(
-            _q, _k, v.contiguous(), _g, _beta,
-            float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,
-            row_norms=row_norms,
-        )
-        return o, final_state if output_final_state else None
     o, final_state, *_ = call_op(
         _chunk_gated_delta_rule_op, _op_forward, _q, _k, v.contiguous(), _g, _beta,
         float(scale), initial_state, output_final_state, cu_seqlens, call.cu_seqlens_cpu, None,

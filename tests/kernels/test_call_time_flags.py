@@ -135,12 +135,15 @@ def test_flags_off_run_no_transform_pass(mode, monkeypatch):
     o, _ = getattr(module, f"{mode}_{OP}")(*x.values())
     ref, _ = generated(OP).gated_delta_rule_reference(*(t.double() for t in x.values()))
     assert (o.double() - ref).norm() <= 1e-4 * ref.norm()
-    # without autograd the kernels apply the l2norms themselves (the recurrent kernel every switched-on transform;
-    # the chunk kernels q's and k's norms, tests/kernels/test_row_norms.py), no pass
-    fn = getattr(module, f"{mode}_{OP}")
-    fn(*x.values(), use_qk_l2norm_in_kernel=True)
+    if mode == "chunk":
+        with pytest.raises(AssertionError, match="transform pass ran"):
+            module.chunk_gated_delta_rule(*x.values(), use_qk_l2norm_in_kernel=True)
+        return
+    # decode without autograd: the recurrent kernel applies switched-on transforms itself, no pass
+    module.fused_recurrent_gated_delta_rule(*x.values(), use_qk_l2norm_in_kernel=True)
     with pytest.raises(AssertionError, match="transform pass ran"):  # with autograd the pass runs
-        fn(*(t.requires_grad_(True) for t in x.values()), use_qk_l2norm_in_kernel=True)
+        module.fused_recurrent_gated_delta_rule(*(t.requires_grad_(True) for t in x.values()),
+                                                use_qk_l2norm_in_kernel=True)
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
