@@ -477,16 +477,17 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
     return {"plans": full, "arch_aliases": arch_aliases, "aliases": aliases}
 
 
-def _part_call(part: TransformPart, class_name: str, slot_inputs: dict[str, str | None]) -> list[str]:
-    """The lines of the pass's public function that run one part of a split pass into ``_<output>`` locals;
-    a bypassed part (:class:`fla_gen.transforms.TransformPart`) runs only where one of its flags is on."""
+def _part_call(part: TransformPart, runner: str, slot_inputs: dict[str, str | None]) -> list[str]:
+    """The lines of the pass's public function that run one part of a split pass (its ``runner``, transforms.py.jinja
+    ``_run_<heads>``) into ``_<output>`` locals; a bypassed part (:class:`fla_gen.transforms.TransformPart`) runs
+    only where one of its flags is on."""
     t = part.kernel
     outs = _tuple_items([f"_{n}" for n, _ in t.outputs])
     ropes = f"({_tuple_items([f'rope_dims[{i}]' for i in part.rope_ids])})" if part.rope_ids else "()"
     flags = ", ".join(f'"flag_{f}": bool(flags[{i}])' for f, i in zip(t.flags, part.flag_ids, strict=True))
     flags = "{" + flags + "}, " if flags else ""
     inputs = ", ".join(f"{n}.contiguous()" for n in [n for n, _ in t.sources] + list(t.heads))
-    run = f"{outs} = {class_name}.apply(positions, {ropes}, (call.K, call.V), {flags}{inputs})"
+    run = f"{outs} = {runner}(positions, {ropes}, (call.K, call.V), {flags}{inputs})"
     if not part.bypass:
         return [run]
     given = _tuple_items([f"{slot_inputs[n]}.contiguous()" for n, _ in t.outputs])
@@ -499,7 +500,7 @@ def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[st
     t = part.kernel
     suffix = "" if part.heads is None else part.heads.name
     return {
-        "call_lines": _part_call(part, function_class + suffix, slot_inputs) if part.heads is not None else [],
+        "call_lines": _part_call(part, "_run_" + suffix.lower(), slot_inputs) if part.heads is not None else [],
         "t": t,
         "suffix": "" if part.heads is None else "_" + suffix.lower(),
         "class_name": function_class + suffix,
@@ -580,7 +581,9 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
     else:
         body = []
         for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
-            body += [f"if {i.name} is None:", f"    {i.name} = {_zeros(i, t.sources[0][0])}"]
+            runs = _part_flags(lowered, t, i.name)
+            when = f" and ({' or '.join(runs)})" if runs else ""
+            body += [f"if {i.name} is None{when}:", f"    {i.name} = {_zeros(i, t.sources[0][0])}"]
         body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, "
                     f"flags=({_tuple_items(t.flags)}))")
         derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
@@ -594,6 +597,16 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
             lines = body
     return ("\n".join("    " + ln for ln in inline_lines), "\n".join("    " + ln for ln in lines),
             ", ".join(sorted(imports)))
+
+
+def _part_flags(lowered: Lowered, t: TransformKernel, name: str) -> tuple[str, ...]:
+    """The flags of the kernel pair of a split pass that takes the per-head input ``name``, where that pair runs
+    only with one of them on (its lines all switched, :class:`TransformPart` ``bypass``); () where it always runs
+    with the pass. The op makes the input's stand-in zeros (an allocation and a fill kernel each) only then."""
+    for part in transform_parts(lowered) or ():
+        if part.heads is not None and part.bypass and name in part.kernel.heads:
+            return tuple(t.flags[i] for i in part.flag_ids)
+    return ()
 
 
 def _tuple_items(items: list[str] | tuple[str, ...]) -> str:

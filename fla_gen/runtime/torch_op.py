@@ -156,6 +156,16 @@ def _may_be_traced() -> bool:
             or torch._C._len_torch_dispatch_stack() > 0)
 
 
+def needs_autograd(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Whether a launcher given these tensors must run through its autograd.Function (or registered op): the
+    call is traced or transformed, a tensor is not a plain one, or one needs a gradient. Otherwise it may
+    launch its forward kernels directly, as :func:`call_op` runs an op's body."""
+    if _may_be_traced():
+        return True
+    grad = torch.is_grad_enabled()
+    return any(t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)) for t in tensors)
+
+
 def call_op(op: Callable, body: Callable, *args) -> list:
     """Run the custom op ``op``, or its body directly where the dispatcher adds nothing.
 

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
+from fla_gen.runtime.torch_op import needs_autograd
 
 # ----------------------------------------------------------------------------- the lines on the H heads
 # (q, k): one kernel pair over the [B * T * H] rows of these inputs
@@ -148,26 +149,40 @@ def _geometry_h(sources, head_dims, direction):
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
+def _forward_h(positions, rope_dims, head_dims, flags, *tensors):
+    """The forward kernel over the rows of ``tensors`` (the sources, then the per-head inputs): the outputs."""
+    sources, heads = tensors[:len(_SOURCES_H)], tensors[len(_SOURCES_H):]
+    rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, head_dims, "fwd")
+    B, T = sources[0].shape[:2]
+    outs = []
+    for out in _OUTPUTS_H:
+        name, dim = out.split(":")
+        shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
+        dtype = torch.float32 if name in _FP32_OUTPUTS_H else sources[0].dtype
+        outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
+    gated_delta_rule_transform_h_fwd_kernel[grid](
+        *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
+    )
+    return tuple(outs)
+
+
+def _run_h(positions, rope_dims, head_dims, flags, *tensors):
+    """The outputs of this kernel pair: through GatedDeltaRuleTransformsH where autograd may record the call, else its
+    forward kernel directly (an autograd.Function's apply costs host time even where nothing is recorded)."""
+    if needs_autograd(tensors):
+        return GatedDeltaRuleTransformsH.apply(positions, rope_dims, head_dims, flags, *tensors)
+    return _forward_h(positions, rope_dims, head_dims, flags, *tensors)
+
+
 class GatedDeltaRuleTransformsH(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, head_dims, flags, *tensors):
-        sources, heads = tensors[:len(_SOURCES_H)], tensors[len(_SOURCES_H):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, head_dims, "fwd")
-        B, T = sources[0].shape[:2]
-        outs = []
-        for out in _OUTPUTS_H:
-            name, dim = out.split(":")
-            shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-            dtype = torch.float32 if name in _FP32_OUTPUTS_H else sources[0].dtype
-            outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
-        gated_delta_rule_transform_h_fwd_kernel[grid](
-            *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
-        )
+        outs = _forward_h(positions, rope_dims, head_dims, flags, *tensors)
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
         ctx.head_dims = head_dims
         ctx.flags = flags
-        return tuple(outs)
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -315,26 +330,40 @@ def _geometry_hv(sources, head_dims, direction):
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
+def _forward_hv(positions, rope_dims, head_dims, flags, *tensors):
+    """The forward kernel over the rows of ``tensors`` (the sources, then the per-head inputs): the outputs."""
+    sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
+    rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, head_dims, "fwd")
+    B, T = sources[0].shape[:2]
+    outs = []
+    for out in _OUTPUTS_HV:
+        name, dim = out.split(":")
+        shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
+        dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[0].dtype
+        outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
+    gated_delta_rule_transform_hv_fwd_kernel[grid](
+        *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
+    )
+    return tuple(outs)
+
+
+def _run_hv(positions, rope_dims, head_dims, flags, *tensors):
+    """The outputs of this kernel pair: through GatedDeltaRuleTransformsHV where autograd may record the call, else its
+    forward kernel directly (an autograd.Function's apply costs host time even where nothing is recorded)."""
+    if needs_autograd(tensors):
+        return GatedDeltaRuleTransformsHV.apply(positions, rope_dims, head_dims, flags, *tensors)
+    return _forward_hv(positions, rope_dims, head_dims, flags, *tensors)
+
+
 class GatedDeltaRuleTransformsHV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, head_dims, flags, *tensors):
-        sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, head_dims, "fwd")
-        B, T = sources[0].shape[:2]
-        outs = []
-        for out in _OUTPUTS_HV:
-            name, dim = out.split(":")
-            shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-            dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[0].dtype
-            outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
-        gated_delta_rule_transform_hv_fwd_kernel[grid](
-            *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
-        )
+        outs = _forward_hv(positions, rope_dims, head_dims, flags, *tensors)
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
         ctx.head_dims = head_dims
         ctx.flags = flags
-        return tuple(outs)
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -379,12 +408,12 @@ def gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_o
     positions, rope_dims = gated_delta_rule_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
     # the lines on the H heads; with their flags off, the inputs as they are
     if flags[0]:
-        _q, _k = GatedDeltaRuleTransformsH.apply(positions, (), (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0])}, q.contiguous(), k.contiguous())
+        _q, _k = _run_h(positions, (), (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0])}, q.contiguous(), k.contiguous())
     else:
         _q, _k = q.contiguous(), k.contiguous()
     # the lines on the HV heads; with their flags off, the inputs as they are
     if flags[1] or flags[2] or flags[3]:
-        _g, _beta = GatedDeltaRuleTransformsHV.apply(positions, (), (call.K, call.V), {"flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3])}, g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous())
+        _g, _beta = _run_hv(positions, (), (call.K, call.V), {"flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3])}, g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous())
     else:
         _g, _beta = g.contiguous(), beta.contiguous()
     return _q, _k, _g, _beta

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile, tile_of_one_token
 from fla_gen.runtime.rotary import rope_positions, validate_rope
+from fla_gen.runtime.torch_op import needs_autograd
 
 _SOURCES = ['q', 'k', 'g', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
@@ -173,25 +174,39 @@ def _geometry(sources, head_dims, direction):
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
+def _forward(positions, rope_dims, head_dims, *tensors):
+    """The forward kernel over the rows of ``tensors`` (the sources, then the per-head inputs): the outputs."""
+    sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
+    rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
+    B, T = sources[0].shape[:2]
+    outs = []
+    for out in _OUTPUTS:
+        name, dim = out.split(":")
+        shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
+        dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
+        outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
+    gated_delta_rule_rope_transform_fwd_kernel[grid](
+        *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
+    )
+    return tuple(outs)
+
+
+def _run(positions, rope_dims, head_dims, *tensors):
+    """The outputs of this kernel pair: through GatedDeltaRuleRopeTransforms where autograd may record the call, else its
+    forward kernel directly (an autograd.Function's apply costs host time even where nothing is recorded)."""
+    if needs_autograd(tensors):
+        return GatedDeltaRuleRopeTransforms.apply(positions, rope_dims, head_dims, *tensors)
+    return _forward(positions, rope_dims, head_dims, *tensors)
+
+
 class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, head_dims, *tensors):
-        sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
-        B, T = sources[0].shape[:2]
-        outs = []
-        for out in _OUTPUTS:
-            name, dim = out.split(":")
-            shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-            dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
-            outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
-        gated_delta_rule_rope_transform_fwd_kernel[grid](
-            *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
-        )
+        outs = _forward(positions, rope_dims, head_dims, *tensors)
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
         ctx.head_dims = head_dims
-        return tuple(outs)
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -237,6 +252,6 @@ def gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, *, call, seq
         ValueError, TypeError: as gated_delta_rule_rope_transform_args, before any launch.
     """
     positions, rope_dims = gated_delta_rule_rope_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
-    return GatedDeltaRuleRopeTransforms.apply(
+    return _run(
         positions, rope_dims, (call.K, call.V), q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
     )

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
+from fla_gen.runtime.torch_op import needs_autograd
 
 _SOURCES = ['q', 'k', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
@@ -177,26 +178,40 @@ def _geometry(sources, head_dims, direction):
     return rows, H, K, V, BK, BV, (cdiv(rows, BR),), BR, warps
 
 
+def _forward(positions, rope_dims, head_dims, flags, *tensors):
+    """The forward kernel over the rows of ``tensors`` (the sources, then the per-head inputs): the outputs."""
+    sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
+    rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
+    B, T = sources[0].shape[:2]
+    outs = []
+    for out in _OUTPUTS:
+        name, dim = out.split(":")
+        shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
+        dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
+        outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
+    kda_transform_fwd_kernel[grid](
+        *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
+    )
+    return tuple(outs)
+
+
+def _run(positions, rope_dims, head_dims, flags, *tensors):
+    """The outputs of this kernel pair: through KdaTransforms where autograd may record the call, else its
+    forward kernel directly (an autograd.Function's apply costs host time even where nothing is recorded)."""
+    if needs_autograd(tensors):
+        return KdaTransforms.apply(positions, rope_dims, head_dims, flags, *tensors)
+    return _forward(positions, rope_dims, head_dims, flags, *tensors)
+
+
 class KdaTransforms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions, rope_dims, head_dims, flags, *tensors):
-        sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
-        rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
-        B, T = sources[0].shape[:2]
-        outs = []
-        for out in _OUTPUTS:
-            name, dim = out.split(":")
-            shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-            dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
-            outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
-        kda_transform_fwd_kernel[grid](
-            *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
-        )
+        outs = _forward(positions, rope_dims, head_dims, flags, *tensors)
         ctx.save_for_backward(positions, *tensors)
         ctx.rope_dims = rope_dims
         ctx.head_dims = head_dims
         ctx.flags = flags
-        return tuple(outs)
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -239,6 +254,6 @@ def kda_transforms(q, k, beta, *, call, seqlen_offsets=0, cu_seqlens=None, flags
         ValueError, TypeError: as kda_transform_args, before any launch.
     """
     positions, rope_dims = kda_transform_args(call, seqlen_offsets, cu_seqlens, q.device)
-    return KdaTransforms.apply(
+    return _run(
         positions, rope_dims, (call.K, call.V), {"flag_use_qk_l2norm_in_kernel": bool(flags[0]), "flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_allow_neg_eigval": bool(flags[2]), }, q.contiguous(), k.contiguous(), beta.contiguous(),
     )

@@ -171,8 +171,9 @@ def test_transforms_over_both_kinds_of_heads_run_as_one_pass_per_head_count():
     for algo in select_algorithms(rec):
         assert emit.kernel_groups_heads(lower(rec), algo) and not emit.host_repeats_heads(lower(rec), algo)
     assert "repeat_interleave" not in files["t/chunk.py"] + files["t/fused_recurrent.py"]
-    assert "_q, = TTransformsH.apply(" in files["t/transforms.py"]
-    assert "_beta, = TTransformsHV.apply(" in files["t/transforms.py"]
+    # each pair through its runner: the autograd.Function (TTransformsH / TTransformsHV) where autograd records
+    assert "_q, = _run_h(" in files["t/transforms.py"] and "return TTransformsH.apply(" in files["t/transforms.py"]
+    assert "_beta, = _run_hv(" in files["t/transforms.py"] and "return TTransformsHV.apply(" in files["t/transforms.py"]
 
 
 def test_a_transform_line_over_both_kinds_of_heads_keeps_the_host_fallback():

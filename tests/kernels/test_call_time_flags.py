@@ -291,3 +291,57 @@ def test_grouped_gate_in_kernel_with_autograd(mode):
          "A_log": torch.empty(HV).uniform_(-3.0, 0.0, generator=gen), "dt_bias": torch.randn(HV, generator=gen)}
     flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True}
     assert_op_and_gradients_match_reference(mode, x, ("A_log", "dt_bias"), flags)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_pass_without_autograd_matches_reference(groups, monkeypatch):
+    """Without autograd the pass launches its forward kernels directly, not through its autograd.Function (whose
+    apply costs host time even where nothing is recorded): the chunk op with every flag on against the float64
+    reference, HV = groups * H; with a gradient to compute, the Functions run."""
+    transforms = generated(OP).transforms
+    gen = torch.Generator().manual_seed(31 + groups)
+    HV = groups * H
+    x = {"q": torch.randn(B, T, H, K, generator=gen), "k": torch.randn(B, T, H, K, generator=gen),
+         "v": torch.randn(B, T, HV, V, generator=gen), "g": torch.randn(B, T, HV, generator=gen),
+         "beta": torch.randn(B, T, HV, generator=gen)}
+    heads = {"A_log": torch.empty(HV).uniform_(-3.0, 0.0, generator=gen), "dt_bias": torch.randn(HV, generator=gen)}
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
+             "allow_neg_eigval": True}
+    o_ref, _ = generated(OP).gated_delta_rule_reference(*(t.double() for t in x.values()),
+                                                        **{n: t.double() for n, t in heads.items()}, **flags)
+    functions = [c for c in vars(transforms).values() if isinstance(c, type) and issubclass(c, torch.autograd.Function)]
+    assert functions
+    with monkeypatch.context() as m:
+        for c in functions:
+            m.setattr(c, "apply", lambda *a, **k: pytest.fail("an autograd.Function ran without autograd"))
+        with torch.no_grad(), poisoned_allocations():
+            o, _ = generated(OP).chunk_gated_delta_rule(*x.values(), **heads, **flags)
+    assert relative_error(o, o_ref) <= TOLERANCE[torch.float32][0]
+    applied = []
+    for c in functions:
+        monkeypatch.setattr(c, "apply", lambda *a, c=c, real=c.apply, **k: applied.append(c) or real(*a, **k))
+    generated(OP).chunk_gated_delta_rule(*(t.requires_grad_(True) for t in x.values()), **heads, **flags)
+    assert set(applied) == set(functions)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_keyword_inputs_of_switched_off_lines_are_not_made(mode, monkeypatch):
+    """Qwen3-Next's call switches l2norm on and the gate transform off: A_log and dt_bias, read only by the pass's
+    value-head kernels, which then do not run, get no stand-in zeros (each an allocation and a fill kernel)."""
+    x = raw_inputs(seed=2)
+    x["beta"] = torch.sigmoid(x["beta"])
+    real_zeros = torch.zeros
+    made = []
+
+    def zeros(*size, **kwargs):
+        made.append(size)
+        return real_zeros(*size, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    fn = getattr(generated(OP), f"{mode}_{OP}")
+    o, _ = fn(*(t.requires_grad_(True) for t in x.values()), use_qk_l2norm_in_kernel=True)
+    o.sum().backward()
+    assert (H,) not in made, made
+    made.clear()
+    fn(*x.values(), use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)  # the value-head pass runs
+    assert made.count((H,)) == 2, made
