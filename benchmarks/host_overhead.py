@@ -63,6 +63,12 @@ def _inputs(op: str, B: int, T: int, H: int, D: int, requires_grad: bool, group:
     return out
 
 
+def _value(op: str, args: list[torch.Tensor | None]) -> torch.Tensor:
+    """The values input among ``args`` (in INPUTS order): it has the output's and the state's heads."""
+    roles = [role for _name, _layout, role, _optional in importlib.import_module(f"generated.{op}").INPUTS]
+    return args[roles.index("value")]
+
+
 def _callable(op: str, mode: str, group: int = 1, flags: tuple[str, ...] = (),
               shape: tuple[int, int, int, int] = CHUNK_SHAPE):
     """A zero-argument function running one call of ``op`` in ``mode``, with the call-time ``flags``
@@ -76,7 +82,7 @@ def _callable(op: str, mode: str, group: int = 1, flags: tuple[str, ...] = (),
     if mode == "decode":
         B, T, H, D = 64, 1, 16, 128
         args = _inputs(op, B, T, H, D, False, group)
-        h0 = torch.zeros(B, args[2].shape[2], D, D)
+        h0 = torch.zeros(B, _value(op, args).shape[2], D, D)
         return lambda: fn(*args, initial_state=h0, output_final_state=True)
     B, T, H, D = shape
     args = _inputs(op, B, T, H, D, mode != "nograd", group)
@@ -87,7 +93,7 @@ def _callable(op: str, mode: str, group: int = 1, flags: tuple[str, ...] = (),
         return call
     if mode == "fwd":
         return lambda: fn(*args)
-    do = torch.randn_like(args[2])
+    do = torch.randn_like(_value(op, args))
     leaves = [a for a in args if a is not None]
     return lambda: torch.autograd.grad(fn(*args)[0], leaves, do)
 
