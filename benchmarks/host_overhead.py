@@ -77,8 +77,10 @@ def _callable(op: str, mode: str, group: int = 1, flags: tuple[str, ...] = (),
     _stub_kernels(importlib.import_module(f"generated.{op}.{kind}"))
     if importlib.util.find_spec(f"generated.{op}.transforms"):  # a spec's transforms launch kernels too
         _stub_kernels(importlib.import_module(f"generated.{op}.transforms"))
-    fn = functools.partial(getattr(importlib.import_module(f"generated.{op}"), f"{kind}_{op}"),
-                           **dict.fromkeys(flags, True))
+    package = importlib.import_module(f"generated.{op}")
+    # the public function is named by the spec's op, which a package may rename (dplr: chunk_dplr_delta_rule)
+    public = next(name for name in dir(package) if name.startswith(f"{kind}_"))
+    fn = functools.partial(getattr(package, public), **dict.fromkeys(flags, True))
     if mode == "decode":
         B, T, H, D = 64, 1, 16, 128
         args = _inputs(op, B, T, H, D, False, group)
