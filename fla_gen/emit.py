@@ -580,8 +580,9 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
         lines = [f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"]
     else:
         body = []
+        parts = transform_parts(lowered) or ()
         for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
-            runs = _part_flags(lowered, t, i.name)
+            runs = _part_flags(parts, t, i.name)
             when = f" and ({' or '.join(runs)})" if runs else ""
             body += [f"if {i.name} is None{when}:", f"    {i.name} = {_zeros(i, t.sources[0][0])}"]
         body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, "
@@ -599,11 +600,12 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
             ", ".join(sorted(imports)))
 
 
-def _part_flags(lowered: Lowered, t: TransformKernel, name: str) -> tuple[str, ...]:
-    """The flags of the kernel pair of a split pass that takes the per-head input ``name``, where that pair runs
-    only with one of them on (its lines all switched, :class:`TransformPart` ``bypass``); () where it always runs
-    with the pass. The op makes the input's stand-in zeros (an allocation and a fill kernel each) only then."""
-    for part in transform_parts(lowered) or ():
+def _part_flags(parts: tuple[TransformPart, ...], t: TransformKernel, name: str) -> tuple[str, ...]:
+    """The flags of the kernel pair among ``parts`` (:func:`transform_parts`) of a split pass that takes the
+    per-head input ``name``, where that pair runs only with one of them on (its lines all switched,
+    :class:`TransformPart` ``bypass``); () where it always runs with the pass. The op makes the input's stand-in
+    zeros (an allocation and a fill kernel each) only then."""
+    for part in parts:
         if part.heads is not None and part.bypass and name in part.kernel.heads:
             return tuple(t.flags[i] for i in part.flag_ids)
     return ()

@@ -156,14 +156,24 @@ def _may_be_traced() -> bool:
             or torch._C._len_torch_dispatch_stack() > 0)
 
 
+def _gradient_needed(values: Sequence[object]) -> bool | None:
+    """Whether a tensor among ``values`` needs a gradient (autograd on and it requires one); None where one is
+    not a plain torch.Tensor (a subclass: only the registered op will do). Other values are skipped."""
+    grad = torch.is_grad_enabled()
+    needed = False
+    for a in values:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor:
+                return None
+            needed = needed or (grad and a.requires_grad)
+    return needed
+
+
 def needs_autograd(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether a launcher given these tensors must run through its autograd.Function (or registered op): the
     call is traced or transformed, a tensor is not a plain one, or one needs a gradient. Otherwise it may
     launch its forward kernels directly, as :func:`call_op` runs an op's body."""
-    if _may_be_traced():
-        return True
-    grad = torch.is_grad_enabled()
-    return any(t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)) for t in tensors)
+    return _may_be_traced() or _gradient_needed(tensors) is not False
 
 
 def call_op(op: Callable, body: Callable, *args) -> list:
@@ -178,14 +188,10 @@ def call_op(op: Callable, body: Callable, *args) -> list:
     """
     if _may_be_traced():
         return op(*args)
-    grad = torch.is_grad_enabled()
-    needs_grad = False
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor:
-                return op(*args)
-            needs_grad = needs_grad or (grad and a.requires_grad)
-    if needs_grad:
+    needed = _gradient_needed(args)
+    if needed is None:
+        return op(*args)
+    if needed:
         eager = _EAGER_AUTOGRAD.get(op)
         return op(*args) if eager is None else eager.apply(*args)
     return body(*args)
