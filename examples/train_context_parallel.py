@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         dist.all_reduce(losses)
         if rank == 0:
             print(f"step {step}: loss {losses.item() / world:.5f}", flush=True)
+    # no rank tears its connections down while another still has the last all_reduce in flight
+    dist.barrier()
     dist.destroy_process_group()
 
 

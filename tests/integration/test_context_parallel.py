@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
@@ -409,18 +410,33 @@ def test_layer_refuses_decoding_with_cp_context(extra, words):
 def test_example_script_under_torchrun():
     """examples/train_context_parallel.py (the README's training loop) under torchrun, 2 gloo ranks: its own check
     against the layer in one process, and the loss it prints."""
-    import re
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2", "--tokens", "96",
-         "--layers", "2"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
-    )
+
+    def torchrun() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2", "--tokens",
+             "96", "--layers", "2"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
+        )
+
+    run = torchrun()
+    if run.returncode != 0 and _aborted_in_teardown(run):
+        run = torchrun()  # once: a second teardown abort, or any other failure, fails the test
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     errors = [float(e) for e in re.findall(r"largest relative error against one process (\S+)", run.stdout)]
     assert len(errors) == 2 and max(errors) < TOLERANCE, run.stdout
     assert len(re.findall(r"step \d: loss \d", run.stdout)) == 2, run.stdout
+
+
+def _aborted_in_teardown(run) -> bool:
+    """Whether a torchrun of the example did all its work (both ranks' checks and every step's loss printed)
+    and then a rank aborted as its process exited: gloo under torch 2.13 can end a rank with SIGABRT
+    ("terminate called without an active exception") after destroy_process_group. It happened once in
+    CI's 2-core run and not in 13 runs on this machine, up to three at a time."""
+    finished = (len(re.findall(r"largest relative error against one process", run.stdout)) == 2
+                and len(re.findall(r"step \d: loss \d", run.stdout)) == 2)
+    return finished and "terminate called without an active exception" in run.stderr
