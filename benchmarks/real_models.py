@@ -4,6 +4,7 @@ on a GPU: correctness against fla-core and the derived reference, speed against 
 
     python benchmarks/real_models.py                  # every check at the models' shapes
     python benchmarks/real_models.py --T 1024 --quick
+    python benchmarks/real_models.py --only kda,kda-gva --gate-in-kernel   # KDA's gate computed in the call
 
 Correctness (bf16 inputs): ours and fla against the derived reference run in float64 on the same inputs,
 by ‖out − ref‖ / ‖ref‖, for o, the final state and (ours; fla's where its backward runs) every input gradient;
@@ -17,7 +18,9 @@ reference and reported against the bytes it must move (the fp32 state read and w
 output) and the copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host
 is the bottleneck of both libraries) and replayed from a CUDA graph (the GPU's work alone).
 Inputs: q, k, v randn; g logsigmoid(randn) / 16 (per value head, or per head and key channel for KDA), fp32;
-beta sigmoid(randn); the initial state 0.1 randn.
+beta sigmoid(randn); the initial state 0.1 randn. With ``--gate-in-kernel`` KDA's g is raw (randn, fp32) and
+the call computes g = -exp(A_log) softplus(g + dt_bias), with A_log = log(uniform(1, 16)) [HV] and dt_bias the
+inverse softplus of uniform(1e-3, 1e-1) [HV * K] (Kimi Linear's initialisation in transformers).
 """
 
 from __future__ import annotations
@@ -39,15 +42,29 @@ def rel(a, b) -> float:
     return float("inf") if not torch.isfinite(a).all() else ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def make(kind: str, B: int, T: int, H: int, HV: int, D: int, seed: int) -> dict:
+def make(kind: str, B: int, T: int, H: int, HV: int, D: int, seed: int, gate_in_kernel: bool = False) -> dict:
+    """The call's tensors: q, k [B, T, H, D]; v [B, T, HV, D]; g [B, T, HV] (or [B, T, HV, D] for KDA); beta
+    [B, T, HV]; with ``gate_in_kernel`` (KDA) a raw g and A_log [HV], dt_bias [HV * D] as well."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*s):
         return torch.randn(*s, device="cuda", generator=gen)
 
+    def uniform(lo, hi, *s):
+        return lo + (hi - lo) * torch.rand(*s, device="cuda", generator=gen)
+
     g_shape = (B, T, HV, D) if kind == "kda" else (B, T, HV)
-    return {"q": randn(B, T, H, D).bfloat16(), "k": randn(B, T, H, D).bfloat16(), "v": randn(B, T, HV, D).bfloat16(),
-            "g": F.logsigmoid(randn(*g_shape)) / 16, "beta": torch.sigmoid(randn(B, T, HV)).bfloat16()}
+    x = {"q": randn(B, T, H, D).bfloat16(), "k": randn(B, T, H, D).bfloat16(), "v": randn(B, T, HV, D).bfloat16(),
+         "g": F.logsigmoid(randn(*g_shape)) / 16, "beta": torch.sigmoid(randn(B, T, HV)).bfloat16()}
+    if gate_in_kernel:
+        dt = uniform(1e-3, 1e-1, HV * D)
+        x.update(g=randn(*g_shape), A_log=uniform(1.0, 16.0, HV).log(), dt_bias=dt + torch.log(-torch.expm1(-dt)))
+    return x
+
+
+def switches(x: dict) -> dict:
+    """The models' call-time switches: l2norm of q and k always; the gate in the call when x carries A_log."""
+    return {"use_qk_l2norm_in_kernel": True, **({"use_gate_in_kernel": True} if "A_log" in x else {})}
 
 
 def ours_and_fla(kind: str):
@@ -70,7 +87,7 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool) -> dict:
     ours, _, reference, fla_fn, _ = ours_and_fla(kind)
     HV, D = x["v"].shape[2], x["v"].shape[3]
     h0 = 0.1 * torch.randn(N, HV, D, D, device="cuda")
-    kw = {"use_qk_l2norm_in_kernel": True, "output_final_state": True, "cu_seqlens": cu}
+    kw = {**switches(x), "output_final_state": True, "cu_seqlens": cu}
     out = {}
     leaves = {n: t.detach().clone().requires_grad_(gradients) for n, t in {**x, "initial_state": h0}.items()}
     ref_leaves = {n: t.detach().double().requires_grad_(gradients) for n, t in leaves.items()}
@@ -112,12 +129,12 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
     def forward(fn):
         def run():
             with torch.no_grad():
-                fn(**leaves, use_qk_l2norm_in_kernel=True)
+                fn(**leaves, **switches(x))
         return run
 
     def forward_backward(fn):
         def run():
-            fn(**leaves, use_qk_l2norm_in_kernel=True)[0].backward(do)
+            fn(**leaves, **switches(x))[0].backward(do)
         return run
 
     result = {}
@@ -158,14 +175,14 @@ def captured(step):
     return graph.replay
 
 
-def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int) -> dict:
+def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int, gate_in_kernel: bool = False) -> dict:
     from triton.testing import do_bench
 
     _, ours, reference, _, fla_fn = ours_and_fla(kind)
-    x = make(kind, B, 1, H, HV, D, seed=1)
+    x = make(kind, B, 1, H, HV, D, seed=1, gate_in_kernel=gate_in_kernel)
     h = 0.1 * torch.randn(B, HV, D, D, device="cuda")
     o_ref, h_ref = reference(**{n: t.double() for n, t in x.items()}, initial_state=h.double(),
-                             output_final_state=True, use_qk_l2norm_in_kernel=True)
+                             output_final_state=True, **switches(x))
     big = torch.empty(2**28, dtype=torch.float32, device="cuda")
     copy_ms = float(do_bench(lambda: big.clone(), warmup=25, rep=100, return_mode="median"))
     bandwidth = 2 * big.numel() * 4 / (copy_ms * 1e-3)
@@ -174,10 +191,10 @@ def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int) -> dict:
     for name, fn in (("ours", ours), ("fla", fla_fn)):
         def step(fn=fn):
             with torch.no_grad():
-                fn(**x, initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                fn(**x, initial_state=h, output_final_state=True, **switches(x))
         try:
             with torch.no_grad():
-                o, h_new = fn(**x, initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                o, h_new = fn(**x, initial_state=h, output_final_state=True, **switches(x))
             out[f"{name}_error_o"], out[f"{name}_error_final_state"] = rel(o, o_ref), rel(h_new, h_ref)
             step()
             ts = [float(do_bench(step, warmup=25, rep=100, return_mode="median")) for _ in range(rounds)]
@@ -194,10 +211,14 @@ def decode(kind: str, B: int, H: int, HV: int, D: int, rounds: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, default=4096)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="gdn,kda", help="comma-separated: gdn (Qwen3-Next), kda (Kimi Linear)")
+    p.add_argument("--T", type=int, default=4096, help="tokens per sequence of the dense check and the speed cells "
+                                                      "(default: 4096; speed at B=1 and B=4)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and fla (default: 3)")
+    p.add_argument("--quick", action="store_true", help="shorter do_bench warm-up and repetitions")
+    p.add_argument("--only", default="gdn,kda", help="comma-separated: gdn (Qwen3-Next: H=16, HV=32), kda (Kimi "
+                                                     "Linear: H=HV=16), kda-gva (KDA with H=16, HV=32)")
+    p.add_argument("--gate-in-kernel", action="store_true",
+                   help="KDA: pass g raw with A_log and dt_bias (use_gate_in_kernel=True)")
     p.add_argument("--speed-only", action="store_true", help="skip the correctness checks")
     p.add_argument("--decode-only", action="store_true", help="only the decode step (its check and its time)")
     p.add_argument("--out", type=Path)
@@ -217,23 +238,30 @@ def main() -> int:
     cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
     short = [rng.randint(64, 256) for _ in range(4)]
     cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
-    models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128)}  # (kind, H, HV, D): Qwen3-Next, Kimi
+    # (kind, H, HV, D): Qwen3-Next, Kimi Linear, and KDA with fla's grouped value heads
+    models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128), "kda-gva": ("kda", 16, 32, 128)}
+    unknown = [key for key in a.only.split(",") if key not in models]
+    if unknown:
+        p.error(f"--only: unknown model(s) {', '.join(unknown)}; choose from {', '.join(models)}")
     for key in a.only.split(","):
         kind, H, HV, D = models[key]
+        gate = a.gate_in_kernel and kind == "kda"
+        key = f"{key}_gate_in_kernel" if gate else key
         checks = () if a.speed_only or a.decode_only else (
             (f"forward_dense_T{a.T}", 1, a.T, None, 1, False),
             (f"forward_varlen_{len(lengths)}", 1, int(cu[-1]), cu, len(lengths), False),
             ("gradients_dense_T512", 1, 512, None, 1, True),
             (f"gradients_varlen_{len(short)}", 1, int(cu_short[-1]), cu_short, len(short), True))
         for seed, (name, B, T, offsets, N, gradients) in enumerate(checks):
-            report[f"{key}_{name}"] = correctness(kind, make(kind, B, T, H, HV, D, seed=seed), offsets, N, gradients)
+            report[f"{key}_{name}"] = correctness(kind, make(kind, B, T, H, HV, D, seed=seed, gate_in_kernel=gate),
+                                                  offsets, N, gradients)
         torch.cuda.empty_cache()
         print(json.dumps({k: v for k, v in report.items() if k.startswith(key)}), flush=True)
         for B, T in () if a.decode_only else ((1, a.T), (4, a.T)):
-            report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(kind, make(kind, B, T, H, HV, D, seed=3), a.rounds,
-                                                                a.quick)
+            report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(
+                kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick)
             print(json.dumps(report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"]), flush=True)
-        report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds)
+        report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds, gate)
         print(json.dumps(report[f"{key}_decode_B64"]), flush=True)
     text = json.dumps(report, indent=1)
     if a.out:
