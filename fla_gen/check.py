@@ -486,9 +486,10 @@ class _Checker:
                 raise self.err(s.guard_pos, f"input '{s.name}' is guarded by '{s.guard}', which is not a declared "
                                             f"boolean param", _did_you_mean(s.guard, flags)
                                or f"declare it with 'param {s.guard}: bool = false'")
-            if per_token or rest:
-                raise self.err(s.pos, f"a guarded input is a per-head [H] parameter of a transform; '{s.name}' is "
-                                      f"[{', '.join(dims)}]")
+            if per_token:
+                raise self.err(s.pos, f"a guarded input is a per-head parameter of a transform, [H] or a vector "
+                                      f"[H, {key_dim}] / [H, {value_dim}]; '{s.name}' is [{', '.join(dims)}]",
+                               f"declare it as [{', '.join(dims[2:])}]")
         info = InputInfo(s.name, dims, per_token, rest[0] if rest else None, s.default is not None, s.pos,
                          heads, s.guard)
         if s.name in LAYOUT_DIMS:
@@ -497,6 +498,24 @@ class _Checker:
         self._declare(s.name, Ref(s.name, "input", info.ty, s.pos), s.pos)
         self.inputs[s.name] = info
         return info
+
+    def _per_head_vector_fits(self, info: InputInfo, pos: Pos) -> None:
+        """A per-head vector ([H, D]) is one value per channel of a head: the transform that reads it must rebind
+        a per-token vector over the same head dim D, whose rows it lines up with channel by channel."""
+        if info.vec_dim is None:
+            return
+        target = self.inputs[self.transform_target]
+        layout = f"[{info.dims[0]}, {info.vec_dim}]"
+        if target.vec_dim is None:
+            raise self.err(pos, f"the transform of '{target.name}', a scalar per token, reads '{info.name}', a "
+                                f"per-head vector {layout}; a per-head vector is read only by the transform of a "
+                                f"per-token vector over the same head dim", f"declare '{info.name}' as "
+                                                                            f"[{info.dims[0]}]")
+        if target.vec_dim != info.vec_dim:
+            raise self.err(pos, f"the transform of '{target.name}', a vector over {target.vec_dim} per token, reads "
+                                f"'{info.name}', a per-head vector over {info.vec_dim}; its channels must be "
+                                f"those of '{target.name}'", f"declare '{info.name}' as "
+                                                              f"[{info.dims[0]}, {target.vec_dim}]")
 
     def _param(self, s: S.ParamDecl) -> ParamInfo:
         self._name_ok("param", s.name, s.pos)
@@ -529,9 +548,10 @@ class _Checker:
                                       f"not a value; it is {use}")
             if self.transform_target is not None and ref.name != self.transform_target:
                 info = self.inputs.get(ref.name)
-                if info is None or info.per_token or info.vec_dim is not None:
+                if info is None or info.per_token:
                     raise self.err(e.pos, f"the transform of '{self.transform_target}' reads '{e.id}'; a transform "
-                                          f"reads only its own input, per-head [H] inputs and numbers")
+                                          f"reads only its own input, per-head [H] / [H, D] inputs and numbers")
+                self._per_head_vector_fits(info, e.pos)
                 if info.heads is Heads.HV and self.inputs[self.transform_target].heads is Heads.H:
                     raise self.err(e.pos, f"the transform of '{self.transform_target}' (on the query/key heads H) "
                                           f"reads '{e.id}' on the value heads HV; each of its heads would need "

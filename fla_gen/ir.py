@@ -134,7 +134,8 @@ class TransformInfo:
     """One ``transform`` line: per-token inputs rebound before the recurrence reads them.
 
     ``kind`` ``map``: one target, ``expr`` its new value, in which a Ref to the target is its current
-    value (after earlier transforms) and other Refs are per-head [H] inputs; numbers otherwise.
+    value (after earlier transforms) and other Refs are per-head inputs, [H] scalars or, in the transform of a
+    per-token vector over a head dim D, [H, D] vectors over that dim; numbers otherwise.
     ``kind`` ``rope``: rotary embedding of each target ([B, T, H, D]) at its token's position;
     ``style`` ``neox`` (rotate halves) or ``interleaved`` (rotate pairs), the first ``rotary_dim``
     channels rotate (a scalar of head dims and numbers), the rest pass through; ``base`` the

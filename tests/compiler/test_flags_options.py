@@ -71,7 +71,9 @@ def test_options_parse_to_python_values():
     ("option strict = true\ntransform k = strict * k", "'strict' is an option, not a value"),
     ("input A_log: [H] if gate\ntransform beta = -exp(A_log) * beta", "which is not a declared boolean param"),
     ("param gate: bool = false\ninput A_log: [B, T, H] if gate\ntransform beta = beta if gate",
-     "a guarded input is a per-head [H] parameter"),
+     "a guarded input is a per-head parameter of a transform, [H] or a vector [H, K] / [H, V]"),
+    ("param gate: bool = false\ninput w: [H, K] if gate\ntransform beta = beta * exp(w) if gate",
+     "the transform of 'beta', a scalar per token, reads 'w', a per-head vector [H, K]"),
     ("param gate: bool = false\ninput A_log: [H] if gate\ntransform beta = -exp(A_log) * beta",
      "only a transform guarded by 'gate' can read it"),
     ("param gate: bool = false\nparam other: bool = false\ninput A_log: [H] if gate\n"
@@ -122,3 +124,4 @@ def test_guarded_inputs_are_keywords_after_the_flags():
     assert ("    gate: bool = False,\n    A_log: torch.Tensor | None = None,\n"
             "    dt_bias: torch.Tensor | None = None,\n") in chunk
     assert '("A_log", A_log, "gate", gate, False),' in chunk
+

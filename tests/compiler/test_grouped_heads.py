@@ -76,6 +76,10 @@ ERRORS = [
      GROUPED.replace("state S", "input w: [HV]\nstate S").replace("param scale = K ** -0.5\n",
                                                                   "param scale = K ** -0.5\ntransform q = q * w\n"),
      10, 19, "reads 'w' on the value heads HV"),
+    ("a transform of an H input reads an HV per-head vector",
+     GROUPED.replace("state S", "input w: [HV, K]\nstate S").replace("param scale = K ** -0.5\n",
+                                                                     "param scale = K ** -0.5\ntransform q = q * w\n"),
+     10, 19, "reads 'w' on the value heads HV"),
 ]
 
 

@@ -19,6 +19,10 @@ OUT = "output o = scale * S^T @ q\n"
 # For transform lines: HEAD plus a per-token gate g and a per-head A (lines 1-8); the line under test is line 9.
 THEAD = HEAD.replace("state", "input g: [B, T, H]\ninput A: [H]\nstate")
 UPD = "update S = exp(g) * S + outer(k, v)\n" + OUT
+# For per-head vectors: HEAD plus a per-channel gate g, beta and a per-head vector w over K (lines 1-9); the line
+# under test is line 10.
+VHEAD = HEAD.replace("state", "input g: [B, T, H, K]\ninput beta: [B, T, H]\ninput w: [H, K]\nstate")
+VUPD = "update S = exp(g) * S\nupdate S = S + beta * outer(k, v - S^T @ k)\n" + OUT
 
 
 def compile_source(source: str):
@@ -101,6 +105,12 @@ CASES = [
      + "transform g = sigmoid(g)\n" + UPD, 8, 11, "is optional"),
     ("transform reads an optional per-head input", THEAD.replace("input A: [H]", "input A: [H] = 0")
      + "transform g = g + A\n" + UPD, 9, 19, "is optional"),
+    ("a scalar's transform reads a per-head vector", VHEAD + "transform beta = beta + w\n" + VUPD, 10, 25,
+     "'beta', a scalar per token, reads 'w', a per-head vector [H, K]"),
+    ("a transform over V reads a per-head vector over K", VHEAD + "transform v = v * w\n" + VUPD, 10, 19,
+     "'v', a vector over V per token, reads 'w', a per-head vector over K"),
+    ("a guarded per-token input", VHEAD + "param on: bool = false\ninput x: [B, T, H, K] if on\n"
+     "transform g = g + x if on\n" + VUPD, 11, 1, "a guarded input is a per-head parameter of a transform"),
 ]
 
 
