@@ -16,7 +16,6 @@ import torch
 
 from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, compile_all, dedupe_launches
 from fla_gen.canonical import Recurrence
-from fla_gen.ir import Heads
 from fla_gen.lower import lower
 from fla_gen.plan import ARCHS
 from fla_gen.runtime.dispatch import forced_arch
@@ -76,7 +75,8 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         # the transform kernels as compiled with every guarded line switched on (the calls above ran with
         # the flags' defaults); keyword inputs of those lines given as zeros
         switched = {f.name: True for f in rec.spec.flags}
-        switched.update({i.name: torch.zeros(HV if i.heads is Heads.HV else H) for i in rec.spec.guarded_inputs})
+        sizes = {"H": H, "HV": HV, rec.spec.key_dim: K, rec.spec.value_dim: V}
+        switched.update({i.name: torch.zeros([sizes[d] for d in i.dims]) for i in rec.spec.guarded_inputs})
         o, ht = fn(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu, **extra, **switched)
         torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 

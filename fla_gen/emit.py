@@ -17,7 +17,7 @@ import jinja2
 from fla_gen import __version__
 from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
-from fla_gen.ir import Apply, Heads, InputInfo, Node, Ref
+from fla_gen.ir import Apply, CheckedSpec, Heads, InputInfo, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
 from fla_gen.plan import Algorithm, decode_work, gate_bound_for_chunk, plan_table, select_algorithms
 from fla_gen.reference import TorchExpr, derive_reference
@@ -198,8 +198,12 @@ def _common_context(lowered: Lowered) -> dict:
         })
     guarded_args = [{
         "name": i.name, "guard": i.guard, "optional": i.optional,
-        "layout": "G" if i.heads is Heads.HV else "H",
-        "doc": (f"[{'HV' if i.heads is Heads.HV else 'H'}] per-head parameter of the transform of "
+        "layout": _guarded_layout(spec, i),
+        # a per-head vector may come flat, [H * D], as fla passes dt_bias (fla_gen.runtime.validate.TensorArg)
+        "flat": i.vec_dim is not None,
+        # its shape in the reference, in the spec's names (its head dims are locals there)
+        "ref_shape": ", ".join(i.dims),
+        "doc": (f"{_guarded_shape_doc(i)} per-head parameter of the transform of "
                 f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
                 f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),
     } for i in spec.guarded_inputs]
@@ -227,6 +231,20 @@ def _common_context(lowered: Lowered) -> dict:
         # the state's and the output's heads, for docstrings
         "state_heads": "HV" if spec.grouped else "H",
     }
+
+
+def _guarded_layout(spec: CheckedSpec, i: InputInfo) -> str:
+    """The validation layout of a guarded per-head input (fla_gen.runtime.validate): H or G (the value heads),
+    then K or V for a vector."""
+    heads = "G" if i.heads is Heads.HV else "H"
+    return heads + {spec.key_dim: "K", spec.value_dim: "V", None: ""}[i.vec_dim]
+
+
+def _guarded_shape_doc(i: InputInfo) -> str:
+    """The shapes a guarded per-head input takes, for docstrings: ``[H]``, or ``[H, K]`` and its flat form."""
+    if i.vec_dim is None:
+        return f"[{i.dims[0]}]"
+    return f"[{i.dims[0]}, {i.vec_dim}] (or flat [{i.dims[0]} * {i.vec_dim}])"
 
 
 # Kernel arguments read at the query/key head of each value head when the kernels group heads.
@@ -477,7 +495,15 @@ def _plan_rows(plans: tuple[Plan, ...]) -> dict:
     return {"plans": full, "arch_aliases": arch_aliases, "aliases": aliases}
 
 
-def _part_call(part: TransformPart, runner: str, slot_inputs: dict[str, str | None]) -> list[str]:
+def _pass_inputs(t: TransformKernel, guarded: frozenset[str]) -> list[str]:
+    """The pass's tensors as its runner takes them: contiguous, and a ``guarded`` input None where it is None (its
+    flag is off: no line that reads it runs, so the ops make no stand-in for it)."""
+    return [f"None if {n} is None else {n}.contiguous()" if n in guarded else f"{n}.contiguous()"
+            for n in [n for n, _ in t.sources] + list(t.heads)]
+
+
+def _part_call(part: TransformPart, runner: str, slot_inputs: dict[str, str | None],
+               guarded: frozenset[str]) -> list[str]:
     """The lines of the pass's public function that run one part of a split pass (its ``runner``, transforms.py.jinja
     ``_run_<heads>``) into ``_<output>`` locals; a bypassed part (:class:`fla_gen.transforms.TransformPart`) runs
     only where one of its flags is on."""
@@ -486,7 +512,7 @@ def _part_call(part: TransformPart, runner: str, slot_inputs: dict[str, str | No
     ropes = f"({_tuple_items([f'rope_dims[{i}]' for i in part.rope_ids])})" if part.rope_ids else "()"
     flags = ", ".join(f'"flag_{f}": bool(flags[{i}])' for f, i in zip(t.flags, part.flag_ids, strict=True))
     flags = "{" + flags + "}, " if flags else ""
-    inputs = ", ".join(f"{n}.contiguous()" for n in [n for n, _ in t.sources] + list(t.heads))
+    inputs = ", ".join(_pass_inputs(t, guarded))
     run = f"{outs} = {runner}(positions, {ropes}, (call.K, call.V), {flags}{inputs})"
     if not part.bypass:
         return [run]
@@ -494,13 +520,15 @@ def _part_call(part: TransformPart, runner: str, slot_inputs: dict[str, str | No
     return [f"if {' or '.join(f'flags[{i}]' for i in part.flag_ids)}:", "    " + run, "else:", f"    {outs} = {given}"]
 
 
-def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[str, str | None]) -> dict:
+def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[str, str | None],
+                  guarded: frozenset[str]) -> dict:
     """What transforms.py.jinja renders for one kernel pair of the pass: its names (the whole pass keeps the
     unsuffixed ones), pointers, inputs and, in a split pass, the public function's lines that run it."""
     t = part.kernel
     suffix = "" if part.heads is None else part.heads.name
     return {
-        "call_lines": _part_call(part, "_run_" + suffix.lower(), slot_inputs) if part.heads is not None else [],
+        "call_lines": (_part_call(part, "_run_" + suffix.lower(), slot_inputs, guarded) if part.heads is not None
+                       else []),
         "t": t,
         "suffix": "" if part.heads is None else "_" + suffix.lower(),
         "class_name": function_class + suffix,
@@ -524,12 +552,14 @@ def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> st
     # one kernel pair per head count where the lines of a grouped spec read inputs on both (no host repeat)
     parts = transform_parts(lowered) or (TransformPart(None, t, (), (), False),)
     slot_inputs = {s.arg: s.input for s in lowered.slots}
+    guarded = frozenset(i.name for i in rec.spec.guarded_inputs)
     ctx.update({
         "t": t,
-        "parts": [_part_context(p, function_class, slot_inputs) for p in parts],
+        "parts": [_part_context(p, function_class, slot_inputs, guarded) for p in parts],
         "returned": ", ".join(f"_{n}" for n, _ in t.outputs),
         "transform_lines": lines,
         "all_inputs": [n for n, _ in t.sources] + list(t.heads),
+        "input_args": _pass_inputs(t, guarded),
         "first_source": t.sources[0][0],
         "function_class": function_class,
         "public_op": rec.spec.op,
@@ -562,9 +592,7 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
         flags = ""
         if inline.flags:
             flags = f", transform_flags=({_tuple_items([f'bool({f})' for f in inline.flags])})"
-        for i in spec.guarded_inputs:
-            if i.optional:  # read by the kernel where its flag is on: zeros stand in for None
-                inline_lines += [f"if {i.guard} and {i.name} is None:", f"    {i.name} = {_zeros(i, key)}"]
+        inline_lines += _stand_ins(spec, key)
         inline_lines += [
             f"if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ({tensors}))):",
             "    # No autograd: the recurrent kernel applies the transforms where it loads its inputs.",
@@ -579,12 +607,8 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
     if not t.flags:
         lines = [f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens)"]
     else:
-        body = []
-        parts = transform_parts(lowered) or ()
-        for i in spec.guarded_inputs:  # a kernel argument even where its flag is off: zeros stand in
-            runs = _part_flags(parts, t, i.name)
-            when = f" and ({' or '.join(runs)})" if runs else ""
-            body += [f"if {i.name} is None{when}:", f"    {i.name} = {_zeros(i, t.sources[0][0])}"]
+        # the decode path above has made them already
+        body = _stand_ins(spec, t.sources[0][0]) if inline is None else []
         body.append(f"{outputs} = {t.op}_transforms({args}, call=call{rope}, cu_seqlens=cu_seqlens, "
                     f"flags=({_tuple_items(t.flags)}))")
         derived = any(s.source is SlotSource.DERIVED for s in pass_outputs(lowered))
@@ -600,15 +624,15 @@ def _transform_block(lowered: Lowered, t: TransformKernel | None,
             ", ".join(sorted(imports)))
 
 
-def _part_flags(parts: tuple[TransformPart, ...], t: TransformKernel, name: str) -> tuple[str, ...]:
-    """The flags of the kernel pair among ``parts`` (:func:`transform_parts`) of a split pass that takes the
-    per-head input ``name``, where that pair runs only with one of them on (its lines all switched,
-    :class:`TransformPart` ``bypass``); () where it always runs with the pass. The op makes the input's stand-in
-    zeros (an allocation and a fill kernel each) only then."""
-    for part in parts:
-        if part.heads is not None and part.bypass and name in part.kernel.heads:
-            return tuple(t.flags[i] for i in part.flag_ids)
-    return ()
+def _stand_ins(spec: CheckedSpec, like: str) -> list[str]:
+    """The public op's lines that give an optional guarded input zeros where its flag is on and it is absent (the
+    kernels then read it). Where its flag is off it stays None: no line that reads it runs, so the op makes no
+    stand-in (an allocation and a fill kernel each) and the backward kernel writes no partial gradient for it."""
+    lines = []
+    for i in spec.guarded_inputs:
+        if i.optional:
+            lines += [f"if {i.guard} and {i.name} is None:", f"    {i.name} = {_zeros(spec, i, like)}"]
+    return lines
 
 
 def _tuple_items(items: list[str] | tuple[str, ...]) -> str:
@@ -616,10 +640,13 @@ def _tuple_items(items: list[str] | tuple[str, ...]) -> str:
     return ", ".join(items) + ("," if len(items) == 1 else "")
 
 
-def _zeros(i: InputInfo, like: str) -> str:
-    """Torch code of float32 zeros for per-head input ``i`` (H or HV heads), on the device of ``like``."""
-    heads = "call.HV" if i.heads is Heads.HV else "call.H"
-    return f"torch.zeros({heads}, dtype=torch.float32, device={like}.device)"
+def _zeros(spec: CheckedSpec, i: InputInfo, like: str) -> str:
+    """Torch code of float32 zeros for per-head input ``i`` ([H] or [HV], or a vector [H, K] ...), on the device of
+    ``like``."""
+    shape = ["call.HV" if i.heads is Heads.HV else "call.H"]
+    if i.vec_dim is not None:
+        shape.append("call.K" if i.vec_dim == spec.key_dim else "call.V")
+    return f"torch.zeros({', '.join(shape)}, dtype=torch.float32, device={like}.device)"
 
 
 def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:

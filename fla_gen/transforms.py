@@ -5,7 +5,8 @@ each transformed input's raw rows once and writes the transformed rows once. The
 recomputes that forward (cheap, elementwise) and walks it in reverse, emitting the
 vector-Jacobian product of each step, so it reads the raw rows and the recurrence's gradients
 once and writes the inputs' gradients once; per-head inputs (A_log, dt_bias) get one fp32
-partial per (token, head), summed over tokens on the host.
+partial per (token, head), a scalar or, for a per-head vector [H, D], D channels, summed over
+tokens on the host (:func:`head_stores`).
 
 The lowering is straight-line SSA: each IR node becomes one ``tN = ...`` statement over fp32
 values, per row a scalar or a vector over a head dim (``K``/``V``, padded to a power of two and
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from fla_gen.canonical import Recurrence
 from fla_gen.host_code import render_scalar
-from fla_gen.ir import Apply, Heads, Lit, Node, Ref, TransformInfo
+from fla_gen.ir import Apply, CheckedSpec, Heads, Lit, Node, Ref, TransformInfo
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read
 from fla_gen.reference import L2NORM_EPS
 
@@ -54,9 +55,13 @@ class Layout:
         """Code of ``x[idx]`` along the head dim (``idx`` has the shape of ``x``)."""
         return f"tl.gather({x}, {idx}, axis={self.axis})"
 
-    def zero(self) -> str:
-        """Code of a per-row fp32 zero (the gradient of a per-head input a switched-off transform reads)."""
-        return "tl.zeros([BR, 1], dtype=tl.float32)" if self.keep_dims else "0.0"
+    def zero(self, dim: str = "") -> str:
+        """Code of a per-row fp32 zero, a scalar or a vector over the head dim ``dim`` (the gradient of a per-head
+        input a switched-off transform reads)."""
+        if not dim:
+            return "tl.zeros([BR, 1], dtype=tl.float32)" if self.keep_dims else "0.0"
+        shape = f"[BR, B{dim}]" if self.keep_dims else f"[B{dim}]"
+        return f"tl.zeros({shape}, dtype=tl.float32)"
 
 
 TILE = Layout(axis=1, keep_dims=True)
@@ -83,7 +88,8 @@ class TransformKernel:
     ``sources``: (input, "K" | "V" | "") per per-token input the pass reads, "" for a scalar per token;
     ``outputs``: (kernel argument, "K" | "V" | "") per slot the pass computes (fla_gen/lower.py: a
     transformed input, or a DERIVED slot), named by the kernel argument it feeds;
-    ``heads``: per-head [H] inputs the pass reads; ``dims``: the head dims with vectors;
+    ``heads``: per-head inputs the pass reads, [H] scalars or [H, D] vectors (each loaded as the D channels of the
+    row's head, padded to BD and masked, like a row of a per-token vector); ``dims``: the head dims with vectors;
     ``fwd``: statements computing every output ``outs[name]`` from the loaded ``raw[name]``, the
     transforms in the spec's order, then the derived slots; ``bwd_fwd``: the same values as the backward
     kernel recomputes them, with norms ahead of rotations (:func:`norms_before_rotations`); ``bwd``:
@@ -109,6 +115,8 @@ class TransformKernel:
     bwd_fwd: tuple[str, ...]
     # the flags that guard transforms, in declaration order: constexpr kernel arguments flag_<name>
     flags: tuple[str, ...] = ()
+    # the backward kernel's stores of the per-head inputs' partial gradients (head_stores)
+    head_stores: tuple[str, ...] = ()
 
 
 # Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
@@ -202,7 +210,13 @@ class _Lowering:
                                  f"the fused transform kernels load a per-head input under one guard only")
             if n.name not in self.heads:
                 head = "i_hk" if self.on_key_heads(n.name) else "i_h"
-                self.heads[n.name] = self.new(f"tl.load(p_{n.name} + {head}).to(tl.float32)", "")
+                vec = self.rec.spec.input(n.name).vec_dim
+                if vec is None:
+                    self.heads[n.name] = self.new(f"tl.load(p_{n.name} + {head}).to(tl.float32)", "")
+                else:  # a per-head vector [H, D]: the head's D channels, as the row's own vector is loaded
+                    d = self.letter[vec]
+                    self.heads[n.name] = self.new(f"tl.load(p_{n.name} + {head} * {d} + o_{d}, mask=m_{d}, "
+                                                  f"other=0.0).to(tl.float32)", d)
             return self.heads[n.name]
         assert isinstance(n, Apply)
         args = tuple(self.lower(a) for a in n.args)
@@ -296,9 +310,9 @@ class _Lowering:
                 if var in joined or before.get(var) == name:
                     continue
                 if var not in self.guarded:
-                    out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero())}")
+                    out.append(f"{indent[0]}    {name} = {before.get(var, self.layout.zero(self.shape[var]))}")
                 elif var in self.heads.values():
-                    out.append(f"{indent[0]}    {name} = {self.layout.zero()}")
+                    out.append(f"{indent[0]}    {name} = {self.layout.zero(self.shape[var])}")
             adj.update(joined)
 
         def step(v, fn, args, extra) -> None:
@@ -412,7 +426,7 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
     # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
     grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
-                   grads_out=grads.grads_out)
+                   grads_out=grads.grads_out, head_stores=grads.head_stores)
 
 
 def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
@@ -493,13 +507,37 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
     bwd = tuple(pre + low.backward(adj))
     grads_out = {name: adj.get(raw[name], "0.0") for name, _ in sources}
     grads_out.update({h: adj.get(v, "0.0") for h, v in low.heads.items()})
+    stores = head_stores(spec, tuple(low.heads), grads_out, low.letter)
     dims = tuple(d for d in ("K", "V") if any(s == d for _, s in (*sources, *out_dims)))
     return TransformKernel(
         op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
         fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
-        flags=tuple(f.name for f in spec.flags if any(tr.guard == f.name for tr in lines)),
+        flags=tuple(f.name for f in spec.flags if any(tr.guard == f.name for tr in lines)), head_stores=stores,
     )
+
+
+def head_stores(spec: CheckedSpec, heads: tuple[str, ...], grads_out: dict[str, str],
+                letter: dict[str, str]) -> tuple[str, ...]:
+    """The backward kernel's stores of the per-head inputs' gradients, one fp32 partial per (token, head) row
+    that the host sums over tokens (deterministic, no atomics): a [rows] partial for a per-head scalar, a [rows, D]
+    one for a per-head vector [H, D] (the same size as the gradient of the per-token vector it is added to). A
+    guarded input is None where its flag is off (the ops make no stand-in for it, and no partial): its store runs
+    under that flag."""
+    out: list[str] = []
+    under = None  # the flag of the branch the last store went into
+    for h in heads:
+        info = spec.input(h)
+        if info.vec_dim is None:
+            store = f"tl.store(dp_{h} + row, {grads_out[h]}, mask=m_r)"
+        else:
+            d = letter[info.vec_dim]
+            store = f"tl.store(dp_{h} + row * {d} + o_{d}, {grads_out[h]}, mask=m_r & m_{d})"
+        if info.guard is not None and info.guard != under:
+            out.append(f"if flag_{info.guard}:")
+        out.append("    " + store if info.guard else store)
+        under = info.guard
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -554,7 +592,8 @@ def transform_parts(lowered: Lowered) -> tuple[TransformPart, ...] | None:
         outs = tuple(s for s, h in zip(outputs, out_heads, strict=True) if h == group)
         tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True, part=(lines, outs))
         grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True, part=(lines, outs))
-        kernel = replace(tile, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in, grads_out=grads.grads_out)
+        kernel = replace(tile, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in, grads_out=grads.grads_out,
+                         head_stores=grads.head_stores)
         rope_ids = tuple(i for i, r in enumerate(whole.ropes) if r.targets in {tr.targets for tr in lines
                                                                                if tr.kind == "rope"})
         bypass = all(tr.guard for tr in lines) and all(s.source is SlotSource.INPUT for s in outs)

@@ -27,12 +27,15 @@ _LAYOUT_DIMS = {layout: "[" + ", ".join(_LETTER_NAMES.get(c, c) for c in layout)
 class TensorArg:
     """A tensor argument of a generated op: ``layout`` is one of BTHK, BTHV, BTH, H, HK, HV, or with G (the
     value heads HV) in place of H: BTGK, BTGV, BTG, G, GK, GV; a ``gate`` may be float32 when the other
-    inputs are 16-bit."""
+    inputs are 16-bit. A ``flat`` per-head vector (HK, GK, HV, GV) may also come flattened, e.g. [H * K], as
+    fla passes dt_bias: the kernels that read it see the same contiguous memory, and its gradient takes the
+    shape it came in."""
 
     name: str
     layout: str
     optional: bool = False
     gate: bool = False
+    flat: bool = False
 
 
 class CallShape(NamedTuple):
@@ -51,6 +54,11 @@ class CallShape(NamedTuple):
     dtype: torch.dtype
     cu_seqlens_cpu: torch.Tensor | None  # None only while torch.compile traces a call without it
     HV: int
+
+
+def _flat_dims(layout: str) -> str:
+    """The flat form of a per-head vector layout: HK → ``[H * K]``."""
+    return "[" + " * ".join(_LETTER_NAMES.get(c, c) for c in layout) + "]"
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -102,10 +110,15 @@ def validate_call(
     heads = ref_arg.layout[2]
     sizes = {"B": B, "T": T, heads: H}
     owner = {"B": ref_arg.name, "T": ref_arg.name, heads: ref_arg.name}
+    flat = []
     for a, x in present:
         layout, shape = a.layout, x.shape
         if len(shape) != len(layout):
-            raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[layout]} ({len(layout)} dims), "
+            if a.flat and len(shape) == 1:
+                flat.append((a, x))  # checked once every dim's size is known
+                continue
+            either = f" or flat {_flat_dims(layout)}" if a.flat else ""
+            raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[layout]} ({len(layout)} dims){either}, "
                              f"got shape {_shape(x)}")
         for letter, size in zip(layout, shape, strict=True):
             known = sizes.get(letter)
@@ -114,8 +127,15 @@ def validate_call(
                 owner[letter] = a.name
             elif known != size:
                 dim = _LETTER_NAMES.get(letter, letter)
+                either = f" or flat {_flat_dims(layout)}" if a.flat else ""
                 raise ValueError(f"{op}: {a.name} has {dim} = {size} (shape {_shape(x)}) but {owner[letter]} "
-                                 f"has {dim} = {known}; expected {a.name} {_LAYOUT_DIMS[layout]}")
+                                 f"has {dim} = {known}; expected {a.name} {_LAYOUT_DIMS[layout]}{either}")
+    for a, x in flat:
+        expected = math.prod(sizes.get(letter, 0) for letter in a.layout)
+        if x.shape[0] != expected:
+            sizes_of = " * ".join(f"{_LETTER_NAMES.get(c, c)} = {sizes.get(c)}" for c in a.layout)
+            raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[a.layout]} or flat {_flat_dims(a.layout)} = "
+                             f"[{expected}] ({sizes_of}), got shape {_shape(x)}")
     K, V = sizes.get("K"), sizes.get("V")
     H, HV = sizes.get("H"), sizes.get("G")
     if HV is None:

@@ -1495,9 +1495,7 @@ def chunk_gated_delta_rule(
         ("gv", gv, None),
     ))
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
-        if A_log is None and (use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval):
-            A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
-        if dt_bias is None and (use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval):
+        if use_gate_in_kernel and dt_bias is None:
             dt_bias = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         _q, _k, _g, _beta = gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval))
     else:

@@ -658,10 +658,6 @@ def fused_recurrent_gated_delta_rule(
                                                 transform_args=(None if A_log is None else A_log.contiguous(), None if dt_bias is None else dt_bias.contiguous(), positions, *rope_dims), transform_flags=(bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel), bool(allow_neg_eigval)))
         return o, final_state
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval:
-        if A_log is None and (use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval):
-            A_log = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
-        if dt_bias is None and (use_beta_sigmoid_in_kernel or use_gate_in_kernel or allow_neg_eigval):
-            dt_bias = torch.zeros(call.HV, dtype=torch.float32, device=q.device)
         _q, _k, _g, _beta = gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, call=call, cu_seqlens=cu_seqlens, flags=(use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval))
     else:
         _q, _k, _g, _beta = q.contiguous(), k.contiguous(), g.contiguous(), beta.contiguous()

@@ -190,13 +190,16 @@ class GatedDeltaRuleTransformsH(torch.autograd.Function):
         sources, heads = tensors[:len(_SOURCES_H)], tensors[len(_SOURCES_H):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, ctx.head_dims, "bwd")
         dx = tuple(torch.empty_like(x) for x in sources)
-        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
+        # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
+        # None for a guarded input that is None (its flag is off)
+        dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
+                   for x in heads)
         grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_transform_h_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,
         )
-        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        dh = tuple(None if d is None else d.view(-1, x.numel()).sum(0).view_as(x).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, None, None, *dx, *dh)
 
 
@@ -313,8 +316,9 @@ def gated_delta_rule_transform_hv_bwd_kernel(
         d14 = d11
     tl.store(dx_g + row, (d8).to(dx_g.dtype.element_ty), mask=m_r)
     tl.store(dx_beta + row, (d14).to(dx_beta.dtype.element_ty), mask=m_r)
-    tl.store(dp_A_log + row, d7, mask=m_r)
-    tl.store(dp_dt_bias + row, d5, mask=m_r)
+    if flag_use_gate_in_kernel:
+        tl.store(dp_A_log + row, d7, mask=m_r)
+        tl.store(dp_dt_bias + row, d5, mask=m_r)
 
 
 def _geometry_hv(sources, head_dims, direction):
@@ -371,13 +375,16 @@ class GatedDeltaRuleTransformsHV(torch.autograd.Function):
         sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, ctx.head_dims, "bwd")
         dx = tuple(torch.empty_like(x) for x in sources)
-        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
+        # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
+        # None for a guarded input that is None (its flag is off)
+        dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
+                   for x in heads)
         grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_transform_hv_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,
         )
-        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        dh = tuple(None if d is None else d.view(-1, x.numel()).sum(0).view_as(x).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, None, None, *dx, *dh)
 
 
@@ -397,10 +404,10 @@ def gated_delta_rule_transform_args(call, seqlen_offsets, cu_seqlens, device):
 def gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_offsets=0, cu_seqlens=None, flags):
     """Run the pass; returns the kernel arguments (q, k, g, beta).
 
-    Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
-    ``call`` is the op's validated CallShape.
+    Shapes as the op's arguments ([B, T, H, ...] per token, [H] or [H, D] per head); differentiable in all of
+    them. ``call`` is the op's validated CallShape.
     ``flags``: the switches of the guarded lines, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel, allow_neg_eigval (bools, in that order); a line
-    whose flag is False leaves its inputs as they are.
+    whose flag is False leaves its inputs as they are, and a keyword input only such lines read may be None.
 
     Raises:
         ValueError, TypeError: as gated_delta_rule_transform_args, before any launch.
@@ -413,7 +420,7 @@ def gated_delta_rule_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_o
         _q, _k = q.contiguous(), k.contiguous()
     # the lines on the HV heads; with their flags off, the inputs as they are
     if flags[1] or flags[2] or flags[3]:
-        _g, _beta = _run_hv(positions, (), (call.K, call.V), {"flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3])}, g.contiguous(), beta.contiguous(), A_log.contiguous(), dt_bias.contiguous())
+        _g, _beta = _run_hv(positions, (), (call.K, call.V), {"flag_use_beta_sigmoid_in_kernel": bool(flags[1]), "flag_use_gate_in_kernel": bool(flags[2]), "flag_allow_neg_eigval": bool(flags[3])}, g.contiguous(), beta.contiguous(), None if A_log is None else A_log.contiguous(), None if dt_bias is None else dt_bias.contiguous())
     else:
         _g, _beta = g.contiguous(), beta.contiguous()
     return _q, _k, _g, _beta

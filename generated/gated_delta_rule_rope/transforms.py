@@ -214,13 +214,16 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
         sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, ctx.head_dims, "bwd")
         dx = tuple(torch.empty_like(x) for x in sources)
-        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
+        # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
+        # None for a guarded input that is None (its flag is off)
+        dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
+                   for x in heads)
         grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_rope_transform_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
         )
-        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        dh = tuple(None if d is None else d.view(-1, x.numel()).sum(0).view_as(x).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, None, *dx, *dh)
 
 
@@ -245,8 +248,8 @@ def gated_delta_rule_rope_transform_args(call, seqlen_offsets, cu_seqlens, devic
 def gated_delta_rule_rope_transforms(q, k, g, beta, A_log, dt_bias, *, call, seqlen_offsets=0, cu_seqlens=None):
     """Run the pass; returns the kernel arguments (q, k, g, beta).
 
-    Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
-    ``call`` is the op's validated CallShape.
+    Shapes as the op's arguments ([B, T, H, ...] per token, [H] or [H, D] per head); differentiable in all of
+    them. ``call`` is the op's validated CallShape.
 
     Raises:
         ValueError, TypeError: as gated_delta_rule_rope_transform_args, before any launch.

@@ -219,13 +219,16 @@ class KdaTransforms(torch.autograd.Function):
         sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, ctx.head_dims, "bwd")
         dx = tuple(torch.empty_like(x) for x in sources)
-        dp = tuple(torch.empty(rows, dtype=torch.float32, device=x.device) for x in heads)
+        # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
+        # None for a guarded input that is None (its flag is off)
+        dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
+                   for x in heads)
         grads = tuple(g.contiguous() for g in grads)
         kda_transform_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,
         )
-        dh = tuple(d.view(-1, H).sum(0).to(x.dtype) for d, x in zip(dp, heads))
+        dh = tuple(None if d is None else d.view(-1, x.numel()).sum(0).view_as(x).to(x.dtype) for d, x in zip(dp, heads))
         return (None, None, None, None, *dx, *dh)
 
 
@@ -245,10 +248,10 @@ def kda_transform_args(call, seqlen_offsets, cu_seqlens, device):
 def kda_transforms(q, k, beta, *, call, seqlen_offsets=0, cu_seqlens=None, flags):
     """Run the pass; returns the kernel arguments (q, k, beta).
 
-    Shapes as the op's arguments ([B, T, H, ...] per token, [H] per head); differentiable in all of them.
-    ``call`` is the op's validated CallShape.
+    Shapes as the op's arguments ([B, T, H, ...] per token, [H] or [H, D] per head); differentiable in all of
+    them. ``call`` is the op's validated CallShape.
     ``flags``: the switches of the guarded lines, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval (bools, in that order); a line
-    whose flag is False leaves its inputs as they are.
+    whose flag is False leaves its inputs as they are, and a keyword input only such lines read may be None.
 
     Raises:
         ValueError, TypeError: as kda_transform_args, before any launch.

@@ -125,3 +125,64 @@ def test_guarded_inputs_are_keywords_after_the_flags():
             "    dt_bias: torch.Tensor | None = None,\n") in chunk
     assert '("A_log", A_log, "gate", gate, False),' in chunk
 
+
+# KDA's gate on a toy spec: a per-head scalar and an optional per-head vector over K, read by the guarded
+# transform of a per-channel gate.
+VECTOR_GATE = """op vgate
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, H, V]
+input g: [B, T, H, K]
+input beta: [B, T, H]
+state S: [K, V]
+param gate: bool = false
+input A_log: [H] if gate
+input dt_bias: [H, K] = 0 if gate
+transform g = -exp(A_log) * softplus(g + dt_bias) if gate
+update S = exp(g) * S
+update S = S + beta * outer(k, v - S^T @ k)
+output o = S^T @ q
+"""
+
+
+def test_a_guarded_per_head_vector_is_a_keyword_of_the_ops_and_the_reference():
+    spec = check_spec(parse_spec(VECTOR_GATE, "vgate.fla"))
+    assert [(i.name, i.dims, i.vec_dim, i.optional) for i in spec.guarded_inputs] == [
+        ("A_log", ("H",), None, False), ("dt_bias", ("H", "K"), "K", True)]
+    files = {f.path: f.text for f in emit_package(canonicalize(spec))}
+    chunk = files["vgate/chunk.py"]
+    # validated as [H, K] or flat [H * K] (fla passes dt_bias flat); zeros of that shape where it is absent
+    assert 'TensorArg("dt_bias", "HK", optional=True, gate=True, flat=True),' in chunk
+    assert "dt_bias = torch.zeros(call.H, call.K, dtype=torch.float32" in chunk
+    assert "dt_bias: [H, K] (or flat [H * K]) per-head parameter of the transform of g" in chunk
+    namespace = {}
+    exec(compile(files["vgate/reference.py"], "reference.py", "exec"), namespace)
+    ref = namespace["vgate_reference"]
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, K, V = 1, 5, 2, 4, 3
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+            for _ in range(2))
+    v, g = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64), torch.randn(B, T, H, K, generator=gen,
+                                                                                     dtype=torch.float64)
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    A_log, dt_bias = torch.rand(H, generator=gen, dtype=torch.float64), torch.randn(H, K, generator=gen,
+                                                                                   dtype=torch.float64)
+    gate = -A_log.exp()[:, None] * torch.nn.functional.softplus(g + dt_bias)  # the gate written out by hand
+    o_given, _ = ref(q, k, v, gate, beta)
+    o_2d, _ = ref(q, k, v, g, beta, gate=True, A_log=A_log, dt_bias=dt_bias)
+    o_flat, _ = ref(q, k, v, g, beta, gate=True, A_log=A_log, dt_bias=dt_bias.flatten())
+    o_no_bias, _ = ref(q, k, v, g, beta, gate=True, A_log=A_log)
+    o_zero_bias, _ = ref(q, k, v, -A_log.exp()[:, None] * torch.nn.functional.softplus(g), beta)
+    assert torch.allclose(o_2d, o_given) and torch.allclose(o_flat, o_given)
+    assert torch.allclose(o_no_bias, o_zero_bias) and not torch.allclose(o_no_bias, o_given)
+
+
+def test_a_guarded_per_head_vector_is_loaded_per_head_and_its_gradient_kept_per_channel():
+    """The pass loads the D channels of the row's head (masked like the row's own vector) and stores a [rows, D]
+    partial gradient under the input's flag; the decode kernel loads the same channels."""
+    files = {f.path: f.text for f in emit_package(canonicalize(check_spec(parse_spec(VECTOR_GATE, "vgate.fla"))))}
+    load = "tl.load(p_dt_bias + i_h * K + o_K, mask=m_K, other=0.0).to(tl.float32)"
+    assert files["vgate/transforms.py"].count(load) == 2  # the forward kernel and the backward's recomputation
+    assert load in files["vgate/fused_recurrent.py"]
+    assert "    if flag_gate:\n        tl.store(dp_A_log + row, " in files["vgate/transforms.py"]
+    assert "        tl.store(dp_dt_bias + row * K + o_K, " in files["vgate/transforms.py"]
