@@ -540,6 +540,8 @@ def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[st
                                   + [f"dp_{h}" for h in t.heads]),
         "all_inputs": [n for n, _ in t.sources] + list(t.heads),
         "bypass": part.bypass,
+        "switched": [([n for n, _ in t.outputs].index(out), [n for n, _ in t.sources].index(src),
+                      tuple(f"flag_{f}" for f in flags)) for out, src, flags in t.switched],
     }
 
 

@@ -115,8 +115,14 @@ class TransformKernel:
     bwd_fwd: tuple[str, ...]
     # the flags that guard transforms, in declaration order: constexpr kernel arguments flag_<name>
     flags: tuple[str, ...] = ()
-    # the backward kernel's stores of the per-head inputs' partial gradients (head_stores)
-    head_stores: tuple[str, ...] = ()
+    # (output, its input, the flags of the lines that rebind it) per output that passes through where the call
+    # switches those lines off (:func:`switched_sources`); the kernel statements below honour it
+    switched: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    # the forward kernel's output stores, the backward kernel's loads of the outputs' gradients and its stores of
+    # the sources' gradients (each under its output's switches), then the per-head inputs' (head_stores)
+    output_stores: tuple[str, ...] = ()
+    grad_loads: tuple[str, ...] = ()
+    grad_stores: tuple[str, ...] = ()
 
 
 # Vector-Jacobian products of the elementwise functions, y = f(x), given the adjoint dy of y.
@@ -418,28 +424,32 @@ def plan_transforms(lowered: Lowered) -> TransformKernel | None:
     # The decode path (ROW, inlined in the recurrent kernel) keeps tl.gather too: with the partner load a
     # decode step took 0.1025 against 0.1007 ms at B = 64 and 0.0606 against 0.0558 at B = 8 (H100, same
     # process; the A/B is in git history at 0a80dc0).
-    tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True)
+    tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True, switching=True)
     # ROW runs inside the recurrent kernel, which reads the key-side heads itself when the spec is grouped
     row = _lower_transforms(lowered, ROW, norms_first=False, key_rows=lowered.rec.spec.grouped)
     assert row.outs == tile.outs  # one tape: the layouts differ only in reductions and gathers
     # The backward kernel's recomputed forward keeps tl.gather (there, norm-first, the rope mostly applies to a
     # normalised row, not a loaded one); its rope VJP reads dy's partner with a second load.
-    grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True)
+    grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True, switching=True)
     return replace(tile, row_fwd=row.fwd, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in,
-                   grads_out=grads.grads_out, head_stores=grads.head_stores)
+                   grads_out=grads.grads_out, grad_loads=grads.grad_loads, grad_stores=grads.grad_stores)
 
 
 def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, input_partners: bool = False,
-                      gradient_partners: bool = False, key_rows: bool = False,
+                      gradient_partners: bool = False, key_rows: bool = False, switching: bool = False,
                       part: tuple[tuple[TransformInfo, ...], tuple[Slot, ...]] | None = None) -> TransformKernel:
     """The statements of one layout. ``input_partners`` / ``gradient_partners``: a rope of a loaded input row /
     the VJP of a rope of a loaded gradient reads the partner channels with a second load (rope_partner),
-    else with tl.gather. ``key_rows``: the statements run in a grouped recurrent kernel (_Lowering). ``part``:
-    only these transform lines and outputs (:func:`transform_parts`), else all of them."""
+    else with tl.gather. ``key_rows``: the statements run in a grouped recurrent kernel (_Lowering).
+    ``switching``: the statements of the pass's kernels, which leave a switched-off output's input unread
+    (:func:`switched_sources`; the inline decode copy reads every input: it replaces the kernel's loads).
+    ``part``: only these transform lines and outputs (:func:`transform_parts`), else all of them."""
     rec = lowered.rec
     spec = rec.spec
     low = _Lowering(rec, layout, key_rows)
     lines, outputs = part if part is not None else (spec.transforms, pass_outputs(lowered))
+    switched = switched_sources(spec, lines, outputs)
+    switch = {name: " or ".join(f"flag_{f}" for f in flags) for name, flags in switched.items()}
     needed = {t for tr in lines for t in tr.targets}
     for slot in outputs:
         needed |= {n for n in inputs_read(slot.expr) if spec.input(n).per_token}
@@ -457,6 +467,9 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
         else:
             code = f"tl.load(x_{name} + {row}).to(tl.float32)"
         raw[name] = low.new(code, shape)
+        if switching and name in switch:  # read only where a line that rebinds it is on
+            load = low.lines.pop()
+            low.lines += [f"if {switch[name]}:", "    " + load, "else:", f"    {raw[name]} = 0.0"]
         low.current[name] = raw[name]
         if shape and input_partners:
             low.loaded[raw[name]] = (f"x_{name}", shape)
@@ -509,12 +522,78 @@ def _lower_transforms(lowered: Lowered, layout: Layout, norms_first: bool, *, in
     grads_out.update({h: adj.get(v, "0.0") for h, v in low.heads.items()})
     stores = head_stores(spec, tuple(low.heads), grads_out, low.letter)
     dims = tuple(d for d in ("K", "V") if any(s == d for _, s in (*sources, *out_dims)))
+    # an output's switch: that of the input it passes (an INPUT slot of a switchable input)
+    out_switch = {s.arg: switch[s.input] for s in outputs
+                  if switching and s.source is SlotSource.INPUT and s.input in switch}
+    src_switch = switch if switching else {}
+    output_stores = [_under(out_switch.get(name), [_row_store(f"y_{name}", f"{outs[name]}.to(y_{name}.dtype"
+                                                                          f".element_ty)", d)])
+                     for name, d in out_dims]
+    grad_loads = [_under(out_switch.get(name), [f"{grads_in[name]} = {_row_load(f'dy_{name}', d)}"],
+                         [f"{grads_in[name]} = 0.0"]) for name, d in out_dims]
+    grad_stores = [_under(src_switch.get(name), [_row_store(f"dx_{name}", f"({grads_out[name]}).to(dx_{name}.dtype"
+                                                                        f".element_ty)", d)]) for name, d in sources]
     return TransformKernel(
         op=spec.op, sources=tuple(sources), outputs=out_dims, heads=tuple(low.heads), dims=dims, ropes=tuple(ropes),
         fwd=fwd, raw=raw, outs=outs, bwd=bwd, grads_in=grads_in, grads_out=grads_out,
         fp32_outputs=tuple(s.arg for s in outputs if s.fp32), row_fwd=(), bwd_fwd=(),
-        flags=tuple(f.name for f in spec.flags if any(tr.guard == f.name for tr in lines)), head_stores=stores,
+        flags=tuple(f.name for f in spec.flags if any(tr.guard == f.name for tr in lines)),
+        switched=tuple((s.arg, s.input, switched[s.input]) for s in outputs if s.arg in out_switch),
+        output_stores=_flat(output_stores), grad_loads=_flat(grad_loads), grad_stores=_flat(grad_stores) + stores,
     )
+
+
+def _row_load(ptr: str, dim: str) -> str:
+    """Code loading the tile's rows of ``ptr`` ([rows] or [rows, D] for ``dim`` D) in fp32."""
+    if dim:
+        return f"tl.load({ptr} + row * {dim} + o_{dim}, mask=m_{dim}, other=0.0).to(tl.float32)"
+    return f"tl.load({ptr} + row).to(tl.float32)"
+
+
+def _row_store(ptr: str, value: str, dim: str) -> str:
+    """Code storing ``value`` to the tile's rows of ``ptr`` ([rows] or [rows, D]), rows past the end masked."""
+    if dim:
+        return f"tl.store({ptr} + row * {dim} + o_{dim}, {value}, mask=m_r & m_{dim})"
+    return f"tl.store({ptr} + row, {value}, mask=m_r)"
+
+
+def _under(condition: str | None, body: list[str], otherwise: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """``body`` as it is, or under ``if condition:`` (constexpr flags) with ``otherwise`` in the else branch."""
+    if condition is None:
+        return body
+    out = [f"if {condition}:"] + ["    " + ln for ln in body]
+    return out + (["else:"] + ["    " + ln for ln in otherwise] if otherwise else [])
+
+
+def _flat(blocks: list[list[str]]) -> tuple[str, ...]:
+    return tuple(ln for block in blocks for ln in block)
+
+
+def switched_sources(spec: CheckedSpec, lines: tuple[TransformInfo, ...],
+                     outputs: tuple[Slot, ...]) -> dict[str, tuple[str, ...]]:
+    """The per-token inputs of a pass that only guarded lines rebind and that no derived output reads, each with
+    the flags of those lines (in declaration order), left out where a switch would be always on.
+
+    Where a call's flags switch all of an input's lines off, the input goes to the recurrence as given: the pass's
+    kernels neither read it nor write its output (its gradient passes through likewise). Without this a call with
+    one flag on would move every transformed input through the pass: Kimi Linear's call (l2norm on, the gate
+    computed outside) would read and write its [B, T, H, K] gate in fp32 for nothing, about as much traffic as the
+    l2norm of q and k itself. The switch of an input is left out where the kernel runs only with one of its
+    flags on (every line guarded and no derived output: the op or the part then skips the whole pass) and the
+    input's lines carry all of them."""
+    derived = {n for s in outputs if s.source is not SlotSource.INPUT for n in inputs_read(s.expr)}
+    kernel_flags = {tr.guard for tr in lines}
+    bypassed = None not in kernel_flags and not derived
+    out = {}
+    for info in spec.inputs:
+        touching = [tr for tr in lines if info.name in tr.targets]
+        if not touching or info.name in derived or any(tr.guard is None for tr in touching):
+            continue
+        flags = {tr.guard for tr in touching}
+        if bypassed and flags == kernel_flags:
+            continue
+        out[info.name] = tuple(f.name for f in spec.flags if f.name in flags)
+    return out
 
 
 def head_stores(spec: CheckedSpec, heads: tuple[str, ...], grads_out: dict[str, str],
@@ -590,10 +669,12 @@ def transform_parts(lowered: Lowered) -> tuple[TransformPart, ...] | None:
     for group in groups:
         lines = tuple(tr for tr, h in zip(spec.transforms, line_heads, strict=True) if h == group)
         outs = tuple(s for s, h in zip(outputs, out_heads, strict=True) if h == group)
-        tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True, part=(lines, outs))
-        grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True, part=(lines, outs))
+        tile = _lower_transforms(lowered, TILE, norms_first=False, input_partners=True, switching=True,
+                                 part=(lines, outs))
+        grads = _lower_transforms(lowered, TILE, norms_first=True, gradient_partners=True, switching=True,
+                                  part=(lines, outs))
         kernel = replace(tile, bwd_fwd=grads.fwd, bwd=grads.bwd, grads_in=grads.grads_in, grads_out=grads.grads_out,
-                         head_stores=grads.head_stores)
+                         grad_loads=grads.grad_loads, grad_stores=grads.grad_stores)
         rope_ids = tuple(i for i, r in enumerate(whole.ropes) if r.targets in {tr.targets for tr in lines
                                                                                if tr.kind == "rope"})
         bypass = all(tr.guard for tr in lines) and all(s.source is SlotSource.INPUT for s in outs)

@@ -210,6 +210,9 @@ _SOURCES_HV = ['g', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
 _OUTPUTS_HV = ['g:', 'beta:']
 _FP32_OUTPUTS_HV = ['g']
+# (output index, source index, its flags) per output that only switchable lines rebind: with those flags all off it
+# is its source as given, which the kernels neither read nor write (nor its gradient, which passes through)
+_SWITCHED_HV = [(0, 0, ('flag_use_gate_in_kernel',)), (1, 1, ('flag_use_beta_sigmoid_in_kernel', 'flag_allow_neg_eigval'))]
 
 
 @triton.jit
@@ -223,8 +226,14 @@ def gated_delta_rule_transform_hv_fwd_kernel(
     m_r = (o_r < n_rows)[:, None]
     row = tl.minimum(o_r, n_rows - 1)[:, None]
     i_h = row % H
-    t0 = tl.load(x_g + row).to(tl.float32)
-    t1 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_gate_in_kernel:
+        t0 = tl.load(x_g + row).to(tl.float32)
+    else:
+        t0 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        t1 = tl.load(x_beta + row).to(tl.float32)
+    else:
+        t1 = 0.0
     if flag_use_beta_sigmoid_in_kernel:
         t2 = tl.sigmoid(t1)
         t3 = t2
@@ -247,8 +256,10 @@ def gated_delta_rule_transform_hv_fwd_kernel(
     else:
         t13 = t0
 
-    tl.store(y_g + row, t13.to(y_g.dtype.element_ty), mask=m_r)
-    tl.store(y_beta + row, t5.to(y_beta.dtype.element_ty), mask=m_r)
+    if flag_use_gate_in_kernel:
+        tl.store(y_g + row, t13.to(y_g.dtype.element_ty), mask=m_r)
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        tl.store(y_beta + row, t5.to(y_beta.dtype.element_ty), mask=m_r)
 
 
 @triton.jit
@@ -262,8 +273,14 @@ def gated_delta_rule_transform_hv_bwd_kernel(
     m_r = (o_r < n_rows)[:, None]
     row = tl.minimum(o_r, n_rows - 1)[:, None]
     i_h = row % H
-    t0 = tl.load(x_g + row).to(tl.float32)
-    t1 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_gate_in_kernel:
+        t0 = tl.load(x_g + row).to(tl.float32)
+    else:
+        t0 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        t1 = tl.load(x_beta + row).to(tl.float32)
+    else:
+        t1 = 0.0
     if flag_use_beta_sigmoid_in_kernel:
         t2 = tl.sigmoid(t1)
         t3 = t2
@@ -286,8 +303,14 @@ def gated_delta_rule_transform_hv_bwd_kernel(
     else:
         t13 = t0
 
-    dy0 = tl.load(dy_g + row).to(tl.float32)
-    dy1 = tl.load(dy_beta + row).to(tl.float32)
+    if flag_use_gate_in_kernel:
+        dy0 = tl.load(dy_g + row).to(tl.float32)
+    else:
+        dy0 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        dy1 = tl.load(dy_beta + row).to(tl.float32)
+    else:
+        dy1 = 0.0
     if flag_use_gate_in_kernel:
         d0 = dy0
         d1 = d0 * t11
@@ -314,8 +337,10 @@ def gated_delta_rule_transform_hv_bwd_kernel(
         d14 = d13
     else:
         d14 = d11
-    tl.store(dx_g + row, (d8).to(dx_g.dtype.element_ty), mask=m_r)
-    tl.store(dx_beta + row, (d14).to(dx_beta.dtype.element_ty), mask=m_r)
+    if flag_use_gate_in_kernel:
+        tl.store(dx_g + row, (d8).to(dx_g.dtype.element_ty), mask=m_r)
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        tl.store(dx_beta + row, (d14).to(dx_beta.dtype.element_ty), mask=m_r)
     if flag_use_gate_in_kernel:
         tl.store(dp_A_log + row, d7, mask=m_r)
         tl.store(dp_dt_bias + row, d5, mask=m_r)
@@ -340,7 +365,11 @@ def _forward_hv(positions, rope_dims, head_dims, flags, *tensors):
     rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, head_dims, "fwd")
     B, T = sources[0].shape[:2]
     outs = []
-    for out in _OUTPUTS_HV:
+    passed = {j: sources[i] for j, i, switches in _SWITCHED_HV if not any(flags[f] for f in switches)}
+    for j, out in enumerate(_OUTPUTS_HV):
+        if j in passed:
+            outs.append(passed[j])
+            continue
         name, dim = out.split(":")
         shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
         dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[0].dtype
@@ -374,12 +403,13 @@ class GatedDeltaRuleTransformsHV(torch.autograd.Function):
         positions, *tensors = ctx.saved_tensors
         sources, heads = tensors[:len(_SOURCES_HV)], tensors[len(_SOURCES_HV):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry_hv(sources, ctx.head_dims, "bwd")
-        dx = tuple(torch.empty_like(x) for x in sources)
+        grads = tuple(g.contiguous() for g in grads)
+        passed = {i: grads[j] for j, i, switches in _SWITCHED_HV if not any(ctx.flags[f] for f in switches)}
+        dx = tuple(passed[i] if i in passed else torch.empty_like(x) for i, x in enumerate(sources))
         # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
         # None for a guarded input that is None (its flag is off)
         dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
                    for x in heads)
-        grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_transform_hv_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,

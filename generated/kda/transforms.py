@@ -24,6 +24,9 @@ _SOURCES = ['q', 'k', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
 _OUTPUTS = ['q:K', 'k:K', 'beta:']
 _FP32_OUTPUTS = []
+# (output index, source index, its flags) per output that only switchable lines rebind: with those flags all off it
+# is its source as given, which the kernels neither read nor write (nor its gradient, which passes through)
+_SWITCHED = [(0, 0, ('flag_use_qk_l2norm_in_kernel',)), (1, 1, ('flag_use_qk_l2norm_in_kernel',)), (2, 2, ('flag_use_beta_sigmoid_in_kernel', 'flag_allow_neg_eigval'))]
 
 
 @triton.jit
@@ -59,9 +62,18 @@ def kda_transform_fwd_kernel(
     i_h = row % H
     o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_qk_l2norm_in_kernel:
+        t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        t0 = 0.0
+    if flag_use_qk_l2norm_in_kernel:
+        t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        t1 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        t2 = tl.load(x_beta + row).to(tl.float32)
+    else:
+        t2 = 0.0
     if flag_use_qk_l2norm_in_kernel:
         t3 = tl.where(m_K, t0, 0.0)
         t4 = 1.0 / tl.sqrt(tl.sum(t3 * t3, axis=1, keep_dims=True) + 1e-06)
@@ -87,9 +99,12 @@ def kda_transform_fwd_kernel(
     else:
         t14 = t12
 
-    tl.store(y_q + row * K + o_K, t6.to(y_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_k + row * K + o_K, t10.to(y_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(y_beta + row, t14.to(y_beta.dtype.element_ty), mask=m_r)
+    if flag_use_qk_l2norm_in_kernel:
+        tl.store(y_q + row * K + o_K, t6.to(y_q.dtype.element_ty), mask=m_r & m_K)
+    if flag_use_qk_l2norm_in_kernel:
+        tl.store(y_k + row * K + o_K, t10.to(y_k.dtype.element_ty), mask=m_r & m_K)
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        tl.store(y_beta + row, t14.to(y_beta.dtype.element_ty), mask=m_r)
 
 
 @triton.jit
@@ -105,9 +120,18 @@ def kda_transform_bwd_kernel(
     i_h = row % H
     o_K = tl.arange(0, BK)[None, :]
     m_K = o_K < K
-    t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    t2 = tl.load(x_beta + row).to(tl.float32)
+    if flag_use_qk_l2norm_in_kernel:
+        t0 = tl.load(x_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        t0 = 0.0
+    if flag_use_qk_l2norm_in_kernel:
+        t1 = tl.load(x_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        t1 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        t2 = tl.load(x_beta + row).to(tl.float32)
+    else:
+        t2 = 0.0
     if flag_use_qk_l2norm_in_kernel:
         t3 = tl.where(m_K, t0, 0.0)
         t4 = 1.0 / tl.sqrt(tl.sum(t3 * t3, axis=1, keep_dims=True) + 1e-06)
@@ -133,9 +157,18 @@ def kda_transform_bwd_kernel(
     else:
         t14 = t12
 
-    dy0 = tl.load(dy_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    dy1 = tl.load(dy_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
-    dy2 = tl.load(dy_beta + row).to(tl.float32)
+    if flag_use_qk_l2norm_in_kernel:
+        dy0 = tl.load(dy_q + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        dy0 = 0.0
+    if flag_use_qk_l2norm_in_kernel:
+        dy1 = tl.load(dy_k + row * K + o_K, mask=m_K, other=0.0).to(tl.float32)
+    else:
+        dy1 = 0.0
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        dy2 = tl.load(dy_beta + row).to(tl.float32)
+    else:
+        dy2 = 0.0
     if flag_allow_neg_eigval:
         d0 = dy2
         d1 = d0 * 2.0
@@ -160,9 +193,12 @@ def kda_transform_bwd_kernel(
         d11 = d10
     else:
         d11 = dy0
-    tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_k + row * K + o_K, (d8).to(dx_k.dtype.element_ty), mask=m_r & m_K)
-    tl.store(dx_beta + row, (d5).to(dx_beta.dtype.element_ty), mask=m_r)
+    if flag_use_qk_l2norm_in_kernel:
+        tl.store(dx_q + row * K + o_K, (d11).to(dx_q.dtype.element_ty), mask=m_r & m_K)
+    if flag_use_qk_l2norm_in_kernel:
+        tl.store(dx_k + row * K + o_K, (d8).to(dx_k.dtype.element_ty), mask=m_r & m_K)
+    if flag_use_beta_sigmoid_in_kernel or flag_allow_neg_eigval:
+        tl.store(dx_beta + row, (d5).to(dx_beta.dtype.element_ty), mask=m_r)
 
 
 def _geometry(sources, head_dims, direction):
@@ -184,7 +220,11 @@ def _forward(positions, rope_dims, head_dims, flags, *tensors):
     rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
     B, T = sources[0].shape[:2]
     outs = []
-    for out in _OUTPUTS:
+    passed = {j: sources[i] for j, i, switches in _SWITCHED if not any(flags[f] for f in switches)}
+    for j, out in enumerate(_OUTPUTS):
+        if j in passed:
+            outs.append(passed[j])
+            continue
         name, dim = out.split(":")
         shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
         dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
@@ -218,12 +258,13 @@ class KdaTransforms(torch.autograd.Function):
         positions, *tensors = ctx.saved_tensors
         sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, ctx.head_dims, "bwd")
-        dx = tuple(torch.empty_like(x) for x in sources)
+        grads = tuple(g.contiguous() for g in grads)
+        passed = {i: grads[j] for j, i, switches in _SWITCHED if not any(ctx.flags[f] for f in switches)}
+        dx = tuple(passed[i] if i in passed else torch.empty_like(x) for i, x in enumerate(sources))
         # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
         # None for a guarded input that is None (its flag is off)
         dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
                    for x in heads)
-        grads = tuple(g.contiguous() for g in grads)
         kda_transform_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, **ctx.flags, num_warps=warps,

@@ -114,6 +114,24 @@ def test_generated_signature_has_flags_and_options_and_reference_applies_the_gua
     assert not torch.allclose(o_on, o_raw)
 
 
+def test_inputs_that_only_switchable_lines_rebind_pass_through_the_pass():
+    from fla_gen.lower import lower
+    from fla_gen.transforms import pass_outputs, switched_sources
+
+    def switched(extra: str) -> dict:
+        spec = checked(extra)
+        return switched_sources(spec, spec.transforms, pass_outputs(lower(canonicalize(spec))))
+
+    assert switched("param norm: bool = false\nparam logits: bool = false\ntransform q = l2norm(q) if norm\n"
+                    "transform k = l2norm(k)\ntransform beta = sigmoid(beta) if logits\n"
+                    "transform beta = 2 * beta if norm") == {"q": ("norm",), "beta": ("norm", "logits")}
+    # every line guarded: the op skips the pass with all flags off, so an input whose lines carry all of them needs
+    # no switch of its own
+    assert switched("param norm: bool = false\ntransform q = l2norm(q) if norm\ntransform k = l2norm(k) if norm") == {}
+    assert switched("param norm: bool = false\nparam logits: bool = false\ntransform q = l2norm(q) if norm\n"
+                    "transform beta = sigmoid(beta) if logits") == {"q": ("norm",), "beta": ("logits",)}
+
+
 def test_guarded_inputs_are_keywords_after_the_flags():
     spec = checked("param gate: bool = false\ninput A_log: [H] if gate\ninput dt_bias: [H] = 0 if gate\n"
                    "transform beta = sigmoid(beta * exp(A_log) + dt_bias) if gate")
