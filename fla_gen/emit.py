@@ -203,6 +203,9 @@ def _common_context(lowered: Lowered) -> dict:
         "flat": i.vec_dim is not None,
         # its shape in the reference, in the spec's names (its head dims are locals there)
         "ref_shape": ", ".join(i.dims),
+        # in a grouped spec, on the query/key heads: repeated to the value heads where the H-head inputs are (a
+        # flat vector as [H, D] first)
+        "repeated": spec.grouped and i.heads is Heads.H,
         "doc": (f"{_guarded_shape_doc(i)} per-head parameter of the transform of "
                 f"{', '.join(t.targets[0] for t in spec.transforms if t.expr is not None and _reads(t.expr, i.name))}"
                 f"; only with {i.guard}=True, " + ("optional (None means zeros)" if i.optional else "then required")),

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from fla_gen.canonical import canonicalize
 from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
+from fla_gen.ir import Heads
 from fla_gen.parse import parse_spec
 from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import forced_arch
@@ -204,6 +205,23 @@ def test_gated_delta_rule_grouped_chunk_with_switches(gate_in_kernel, cu_seqlens
     x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, dims, gate_in_kernel, seed=31)
     pkg = generated("gated_delta_rule")
     assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords, **flags)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_gate_parameters_on_the_key_heads_repeat_with_them(mode, tmp_path):
+    """Gated DeltaNet with its keyword inputs A_log and dt_bias declared on the query/key heads H while g is on HV:
+    the gate line reads both head counts, so the autograd path repeats the H-head inputs to HV on the host, the
+    keyword inputs with them (its kernels would read past their [H] otherwise), and so does the reference."""
+    text = (REPO_ROOT / "specs" / "gated_delta_rule.fla").read_text().replace("op gated_delta_rule", "op key_gate")
+    for line in ("input A_log: [HV] if", "input dt_bias: [HV] = 0 if"):
+        assert line in text
+        text = text.replace(line, line.replace("[HV]", "[H]"))
+    x, keywords, flags = _gdn_flag_case(1, 30, None, (16, 32), gate_in_kernel=True, seed=41)
+    x["A_log"], x["dt_bias"] = x["A_log"][:H], x["dt_bias"][:H]
+    with built_package(text, tmp_path, "key_gate") as (rec, pkg):
+        assert rec.spec.input("A_log").heads is Heads.H
+        assert_gradients_match_reference(getattr(pkg, f"{mode}_key_gate"), pkg.key_gate_reference, x, keywords,
+                                         **flags)
 
 
 @pytest.mark.parametrize("sms", [0, 1000])
