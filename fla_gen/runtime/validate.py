@@ -133,7 +133,7 @@ def validate_call(
     for a, x in flat:
         expected = math.prod(sizes.get(letter, 0) for letter in a.layout)
         if x.shape[0] != expected:
-            sizes_of = " * ".join(f"{_LETTER_NAMES.get(c, c)} = {sizes.get(c)}" for c in a.layout)
+            sizes_of = ", ".join(f"{_LETTER_NAMES.get(c, c)} = {sizes.get(c)}" for c in a.layout)
             raise ValueError(f"{op}: {a.name} must be {_LAYOUT_DIMS[a.layout]} or flat {_flat_dims(a.layout)} = "
                              f"[{expected}] ({sizes_of}), got shape {_shape(x)}")
     K, V = sizes.get("K"), sizes.get("V")

@@ -20,9 +20,16 @@ def base(op):
         args["g_gamma"] = -torch.rand(H)
     if op == "gated_delta_rule":
         args["g"] = -torch.rand(B, T, H)
-    if op.endswith("delta_rule"):
+    if op == "kda":
+        args["g"] = -torch.rand(B, T, H, K)
+    if op.endswith("delta_rule") or op == "kda":
         args["beta"] = torch.rand(B, T, H)
     return args
+
+
+def gate(**changes):
+    """KDA's arguments with the gate computed in the kernel: raw g, A_log [H] and changes (dt_bias ...)."""
+    return with_("kda", g=torch.randn(B, T, H, K), use_gate_in_kernel=True, **{"A_log": torch.zeros(H), **changes})
 
 
 def grouped(HV, **changes):
@@ -118,6 +125,29 @@ CASES = [
     ("grouped initial_state on H heads", "gated_delta_rule",
      lambda: grouped(4, initial_state=torch.zeros(B, H, K, V)), ValueError,
      "initial_state must be [N, HV, K, V] = [2, 4, 8, 12]"),
+    ("A_log missing with the gate on", "kda", lambda: with_("kda", use_gate_in_kernel=True), ValueError,
+     "A_log is required when use_gate_in_kernel=True"),
+    ("A_log with the gate off", "kda", lambda: with_("kda", A_log=torch.zeros(H)), ValueError,
+     "A_log is given but use_gate_in_kernel is False"),
+    ("dt_bias with the gate off", "kda", lambda: with_("kda", dt_bias=torch.zeros(H * K)), ValueError,
+     "dt_bias is given but use_gate_in_kernel is False"),
+    ("A_log per channel", "kda", lambda: gate(A_log=torch.zeros(H, K)), ValueError, "A_log must be [H] (1 dims)"),
+    ("A_log on other heads", "kda", lambda: gate(A_log=torch.zeros(H + 1)), ValueError,
+     "A_log has H = 3 (shape [3]) but q has H = 2; expected A_log [H]"),
+    ("dt_bias flat of another length", "kda", lambda: gate(dt_bias=torch.zeros(H * K + 1)), ValueError,
+     "dt_bias must be [H, K] or flat [H * K] = [16] (H = 2, K = 8), got shape [17]"),
+    ("dt_bias per head only", "kda", lambda: gate(dt_bias=torch.zeros(H)), ValueError,
+     "dt_bias must be [H, K] or flat [H * K] = [16] (H = 2, K = 8), got shape [2]"),
+    ("dt_bias over other channels", "kda", lambda: gate(dt_bias=torch.zeros(H, K + 1)), ValueError,
+     "dt_bias has K = 9 (shape [2, 9]) but q has K = 8; expected dt_bias [H, K] or flat [H * K]"),
+    ("dt_bias on other heads", "kda", lambda: gate(dt_bias=torch.zeros(H + 1, K)), ValueError,
+     "dt_bias has H = 3 (shape [3, 8]) but q has H = 2"),
+    ("dt_bias per token", "kda", lambda: gate(dt_bias=torch.zeros(B, T, H, K)), ValueError,
+     "dt_bias must be [H, K] (2 dims) or flat [H * K], got shape [2, 16, 2, 8]"),
+    ("dt_bias float64", "kda", lambda: gate(dt_bias=torch.zeros(H * K, dtype=torch.float64)), TypeError,
+     "dt_bias must be float16, bfloat16 or float32"),
+    ("A_log in a third dtype", "kda", lambda: gate(A_log=torch.zeros(H, dtype=torch.bfloat16)), TypeError,
+     "gate A_log must be float32 or torch.float32 (the inputs' dtype), got torch.bfloat16"),
     ("tensor on another device", "linear_attn", lambda: with_("linear_attn", v=torch.empty(B, T, H, V, device="meta")),
      ValueError, "v is on meta but q is on"),
 ]

@@ -279,12 +279,13 @@ def test_grouped_chunk_with_autograd_repeats_no_heads(cu_seqlens, monkeypatch):
 
 
 def _grouped_kda_spec() -> str:
-    """specs/kda.fla with v, g and beta on HV value heads (KDA's chunk kernels are chunk_delta's per-channel
-    rendering; the shipped spec has HV = H)."""
-    text = (REPO_ROOT / "specs" / "kda.fla").read_text().replace("op kda", "op grouped_kda")
-    for line in ("input v: [B, T, H, V]", "input g: [B, T, H, K]", "input beta: [B, T, H]"):
+    """specs/kda.fla with v, g, beta and the gate's A_log and dt_bias on HV value heads, as fla's grouped KDA holds
+    them (KDA's chunk kernels are chunk_delta's per-channel rendering; the shipped spec has HV = H)."""
+    text = (REPO_ROOT / "specs" / "kda.fla").read_text().replace("op kda", "op grouped_kda", 1)
+    for line in ("input v: [B, T, H, V]", "input g: [B, T, H, K]", "input beta: [B, T, H]", "input A_log: [H] if",
+                 "input dt_bias: [H, K] = 0 if"):
         assert line in text
-        text = text.replace(line, line.replace("H", "HV", 1))
+        text = text.replace(line, line.replace("[H", "[HV", 1).replace("[B, T, H", "[B, T, HV", 1))
     return text
 
 
@@ -308,6 +309,39 @@ def test_grouped_kda_chunk(grouped_kda, l2norm, cu_seqlens, monkeypatch):
              "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
     _forbid_repeats(monkeypatch)
     assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_grouped_kda_gate_in_kernel(grouped_kda, mode, monkeypatch):
+    """The gate computed in the kernel on the value heads: A_log [HV] and a flat dt_bias [HV * K] (fla's grouped
+    layout) read by the pass's value-head kernels, q and k normalized by its key-head ones, no repeat: outputs and
+    every gradient against the float64 reference."""
+    x = _raw_grouped_inputs(1, 40, 1, (16, 32), seed=38, channel_gate=True, gate_in_kernel=True)
+    gen = torch.Generator().manual_seed(39)
+    x["A_log"] = torch.empty(HV).uniform_(1.0, 16.0, generator=gen).log()
+    x["dt_bias"] = 0.5 * torch.randn(HV * 16, generator=gen) - 3.0
+    flags = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True}
+    _forbid_repeats(monkeypatch)
+    assert_gradients_match_reference(getattr(grouped_kda, f"{mode}_grouped_kda"), grouped_kda.grouped_kda_reference,
+                                     x, ("A_log", "dt_bias"), **flags)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
+def test_grouped_kda_gate_parameters_on_the_key_heads(mode, tmp_path):
+    """A_log [H] and a flat dt_bias [H * K] on the query/key heads while g is on HV: the autograd path repeats them
+    (dt_bias viewed as [H, K] first) with q and k to the value heads; every gradient takes the shape given."""
+    text = _grouped_kda_spec().replace("op grouped_kda", "op key_kda")
+    text = text.replace("input A_log: [HV] if", "input A_log: [H] if").replace("input dt_bias: [HV, K] = 0 if",
+                                                                               "input dt_bias: [H, K] = 0 if")
+    x = _raw_grouped_inputs(1, 30, 1, (16, 32), seed=42, channel_gate=True, gate_in_kernel=True)
+    gen = torch.Generator().manual_seed(43)
+    x["A_log"] = torch.empty(H).uniform_(1.0, 16.0, generator=gen).log()
+    x["dt_bias"] = 0.5 * torch.randn(H * 16, generator=gen) - 3.0
+    flags = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True}
+    with built_package(text, tmp_path, "key_kda") as (rec, pkg):
+        assert rec.spec.input("dt_bias").heads is Heads.H
+        assert_gradients_match_reference(getattr(pkg, f"{mode}_key_kda"), pkg.key_kda_reference, x,
+                                         ("A_log", "dt_bias"), **flags)
 
 
 def test_grouped_kda_chunk_strong_gates(grouped_kda, monkeypatch):
