@@ -390,3 +390,37 @@ def test_rotary_embedding_validation():
                          cu_seqlens=torch.tensor([0, 3, 8]))
     with pytest.raises(ValueError, match="one shape"):
         rotary_embedding(x, cos, sin[:, :4])
+
+
+# A per-head vector [H, K] read by an unguarded transform of a per-channel gate, in a gated spec without a rank-1
+# term: the pass loads the K channels of each row's head (K = 12, padded to 16: the load is masked like the row's).
+CHANNEL_BIAS = """op channel_bias
+input q: [B, T, H, K]
+input k: [B, T, H, K]
+input v: [B, T, H, V]
+input g: [B, T, H, K]
+input bias: [H, K]
+state S: [K, V]
+transform k = l2norm(k)
+transform g = -softplus(g + bias)
+update S = exp(g) * S + outer(k, v)
+output o = S^T @ q
+"""
+
+
+def test_per_head_vector_of_an_unguarded_transform_matches_reference(tmp_path, monkeypatch):
+    """Both ops (autograd: the pass, bias's gradient from its [rows, K] partials) and the decode path without
+    autograd (the recurrent kernel loads bias's channels itself) against the float64 reference."""
+    from tests.support import built_package
+
+    with built_package(CHANNEL_BIAS, tmp_path, "channel_bias") as (rec, pkg):
+        for mode in ("chunk", "fused_recurrent"):
+            result = verify_op(pkg, rec, mode, torch.float32, B=2, T=21, H=2, K=12, V=8, guard=poisoned_allocations)
+            assert not result.failures(), (mode, result.errors)
+        monkeypatch.setattr(pkg.fused_recurrent, "channel_bias_transforms",
+                            lambda *a, **k: pytest.fail("the pass ran on the decode path"))
+        x = sample_inputs(rec, 2, 9, 2, 12, 8, torch.float32, seed=3)
+        with torch.no_grad(), poisoned_allocations():
+            o, _ = pkg.fused_recurrent_channel_bias(*x.values())
+        o_ref, _ = pkg.channel_bias_reference(*(t.double() for t in x.values()))
+        assert relative_error(o, o_ref) <= TOLERANCE[torch.float32][0]
