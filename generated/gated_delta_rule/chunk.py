@@ -970,7 +970,8 @@ def gated_delta_rule_bwd_wy_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         o_tk = o_i[:, None] * (H * K) + o_k[None, :]
-        b_k = tl.load(k_c + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.)
+        ko_tk = o_i[:, None] * (HK * K) + o_k[None, :]
+        b_k = tl.load(k_c + ko_tk, mask=m_tk, other=0.)
         b_dw = tl.load(dw_c + o_tk, mask=m_tk, other=0.)
         b_X = tl.dot(b_AiT, b_dw)
         b_X *= b_eg[:, None]

@@ -445,9 +445,11 @@ def fused_recurrent_bwd(
     use_g = g is not None
     f32 = torch.float32
     # key-side gradients sum over V and over the value heads of a group: fp32 partials per (V block,
-    # value head), summed below
-    dq = q.new_empty(NV, B, T, HV, K, dtype=f32)
-    dk = k.new_empty(NV, B, T, HV, K, dtype=f32)
+    # value head), summed below; with one V block and HV = H there is nothing to sum, and they are written in
+    # place in their dtype, as an ungrouped spec's (no fp32 buffers, no sum or cast after the kernel)
+    partial = NV > 1 or HV != H
+    dq = q.new_empty(NV, B, T, HV, K, dtype=f32 if partial else q.dtype)
+    dk = k.new_empty(NV, B, T, HV, K, dtype=f32 if partial else k.dtype)
     dbeta = beta.new_empty(NV, B, T, HV, dtype=f32 if NV > 1 else beta.dtype)
     # dg sums over V too: per-V-block fp32 partials when V is split
     dg = g.new_empty(NV, *g.shape, dtype=f32 if NV > 1 else g.dtype) if use_g else None
@@ -493,8 +495,11 @@ def fused_recurrent_bwd(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    dq = dq.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(q.dtype)
-    dk = dk.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(k.dtype)
+    if partial:
+        dq = dq.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(q.dtype)
+        dk = dk.view(NV, B, T, H, HV // H, K).sum((0, 4)).to(k.dtype)
+    else:
+        dq, dk = dq[0], dk[0]
     dbeta = dbeta.sum(0).to(beta.dtype) if NV > 1 else dbeta[0]
     if use_g:
         dg = dg.sum(0).to(g.dtype) if NV > 1 else dg[0]
