@@ -67,6 +67,7 @@ CASES_2 = (
 CU_4 = (0, 20, 32, 40, 120, 128)
 CASES_4 = (
     Case("gated_delta_rule", CU_4, HV=4, kwargs={"use_qk_l2norm_in_kernel": True}),
+    Case("kda", CU_4, HV=4, kwargs={"use_qk_l2norm_in_kernel": True}),  # grouped value heads, HV = 2 H
     Case("gla", CU_4, K=16, V=32),
     Case("rwkv7", CU_4, kwargs={"gate_lower_bound": -0.7}),
     Case("simple_gla", CU_4),

@@ -11,13 +11,14 @@ from fla_gen.sample import relative_error
 from tests.support import generated
 
 
-def test_grouped_layer_prefill_then_decode_equals_one_prefill():
+# (op, the gate's features per value head): Gated DeltaNet's gate per head, KDA's per key channel
+@pytest.mark.parametrize(("op", "gate_width"), [("gated_delta_rule", 1), ("kda", 16)])
+def test_grouped_layer_prefill_then_decode_equals_one_prefill(op, gate_width):
     torch.manual_seed(0)
-    layer = layer_for(generated("gated_delta_rule"), 32, 1, 16, head_v_dim=8, num_value_heads=2,
-                      decode_max_tokens=1)
+    layer = layer_for(generated(op), 32, 1, 16, head_v_dim=8, num_value_heads=2, decode_max_tokens=1)
     assert isinstance(layer, DeltaLayer)
     assert layer.proj["q"].out_features == 16 and layer.proj["v"].out_features == 16
-    assert layer.proj["g"].out_features == 2 and layer.proj["beta"].out_features == 2
+    assert layer.proj["g"].out_features == 2 * gate_width and layer.proj["beta"].out_features == 2
     B, T, n = 2, 11, 2
     x = torch.randn(B, T + n, 32)
     y_full, s_full = layer(x, use_cache=True)

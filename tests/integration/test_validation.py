@@ -28,7 +28,8 @@ def base(op):
 
 
 def gate(**changes):
-    """KDA's arguments with the gate computed in the kernel: raw g, A_log [H] and changes (dt_bias ...)."""
+    """KDA's arguments with the gate computed in the kernel: raw g, A_log [HV] (here HV = H) and changes (dt_bias
+    ...)."""
     return with_("kda", g=torch.randn(B, T, H, K), use_gate_in_kernel=True, **{"A_log": torch.zeros(H), **changes})
 
 
@@ -36,6 +37,15 @@ def grouped(HV, **changes):
     """gated_delta_rule's arguments with v, g and beta on HV value heads (q and k keep H)."""
     values = {"v": torch.randn(B, T, HV, V), "g": -torch.rand(B, T, HV), "beta": torch.rand(B, T, HV)}
     return with_("gated_delta_rule", **{**values, **changes})
+
+
+def grouped_kda(HV, **changes):
+    """kda's arguments with v, g (per key channel) and beta on HV value heads (q and k keep H)."""
+    args = {"q": torch.randn(B, T, H, K), "k": torch.randn(B, T, H, K), "v": torch.randn(B, T, HV, V),
+            "g": -torch.rand(B, T, HV, K), "beta": torch.rand(B, T, HV)}
+    kwargs = {k: changes.pop(k) for k in list(changes) if k not in args}
+    args.update(changes)
+    return args, kwargs
 
 
 def packed(op, cu):
@@ -131,23 +141,33 @@ CASES = [
      "A_log is given but use_gate_in_kernel is False"),
     ("dt_bias with the gate off", "kda", lambda: with_("kda", dt_bias=torch.zeros(H * K)), ValueError,
      "dt_bias is given but use_gate_in_kernel is False"),
-    ("A_log per channel", "kda", lambda: gate(A_log=torch.zeros(H, K)), ValueError, "A_log must be [H] (1 dims)"),
+    ("A_log per channel", "kda", lambda: gate(A_log=torch.zeros(H, K)), ValueError, "A_log must be [HV] (1 dims)"),
     ("A_log on other heads", "kda", lambda: gate(A_log=torch.zeros(H + 1)), ValueError,
-     "A_log has H = 3 (shape [3]) but q has H = 2; expected A_log [H]"),
+     "A_log has HV = 3 (shape [3]) but v has HV = 2; expected A_log [HV]"),
     ("dt_bias flat of another length", "kda", lambda: gate(dt_bias=torch.zeros(H * K + 1)), ValueError,
-     "dt_bias must be [H, K] or flat [H * K] = [16] (H = 2, K = 8), got shape [17]"),
+     "dt_bias must be [HV, K] or flat [HV * K] = [16] (HV = 2, K = 8), got shape [17]"),
     ("dt_bias per head only", "kda", lambda: gate(dt_bias=torch.zeros(H)), ValueError,
-     "dt_bias must be [H, K] or flat [H * K] = [16] (H = 2, K = 8), got shape [2]"),
+     "dt_bias must be [HV, K] or flat [HV * K] = [16] (HV = 2, K = 8), got shape [2]"),
     ("dt_bias over other channels", "kda", lambda: gate(dt_bias=torch.zeros(H, K + 1)), ValueError,
-     "dt_bias has K = 9 (shape [2, 9]) but q has K = 8; expected dt_bias [H, K] or flat [H * K]"),
+     "dt_bias has K = 9 (shape [2, 9]) but q has K = 8; expected dt_bias [HV, K] or flat [HV * K]"),
     ("dt_bias on other heads", "kda", lambda: gate(dt_bias=torch.zeros(H + 1, K)), ValueError,
-     "dt_bias has H = 3 (shape [3, 8]) but q has H = 2"),
+     "dt_bias has HV = 3 (shape [3, 8]) but v has HV = 2"),
     ("dt_bias per token", "kda", lambda: gate(dt_bias=torch.zeros(B, T, H, K)), ValueError,
-     "dt_bias must be [H, K] (2 dims) or flat [H * K], got shape [2, 16, 2, 8]"),
+     "dt_bias must be [HV, K] (2 dims) or flat [HV * K], got shape [2, 16, 2, 8]"),
     ("dt_bias float64", "kda", lambda: gate(dt_bias=torch.zeros(H * K, dtype=torch.float64)), TypeError,
      "dt_bias must be float16, bfloat16 or float32"),
     ("A_log in a third dtype", "kda", lambda: gate(A_log=torch.zeros(H, dtype=torch.bfloat16)), TypeError,
      "gate A_log must be float32 or torch.float32 (the inputs' dtype), got torch.bfloat16"),
+    ("kda value heads not a multiple of H", "kda", lambda: grouped_kda(3), ValueError,
+     "v has HV = 3 value heads but q has H = 2 heads; HV must be a multiple of H"),
+    ("kda gate on the query/key heads", "kda", lambda: grouped_kda(4, g=-torch.rand(B, T, H, K)), ValueError,
+     "g has HV = 2 (shape [2, 16, 2, 8]) but v has HV = 4; expected g [B, T, HV, K]"),
+    ("kda gate per head only", "kda", lambda: grouped_kda(4, g=-torch.rand(B, T, 4)), ValueError,
+     "g must be [B, T, HV, K]"),
+    ("kda beta on the query/key heads", "kda", lambda: grouped_kda(4, beta=torch.rand(B, T, H)), ValueError,
+     "beta has HV = 2 (shape [2, 16, 2]) but v has HV = 4; expected beta [B, T, HV]"),
+    ("kda grouped initial_state on H heads", "kda", lambda: grouped_kda(4, initial_state=torch.zeros(B, H, K, V)),
+     ValueError, "initial_state must be [N, HV, K, V] = [2, 4, 8, 12]"),
     ("tensor on another device", "linear_attn", lambda: with_("linear_attn", v=torch.empty(B, T, H, V, device="meta")),
      ValueError, "v is on meta but q is on"),
 ]

@@ -5,10 +5,11 @@ The reference itself is checked against an independent oracle: the ungrouped ref
 recurrence run on q and k repeated over their groups, whose dq and dk summed over each group must be
 the grouped dq and dk.
 
-The chunked delta-rule kernels (chunk_delta.jinja: gated_delta_rule's scalar gate, and KDA's per-channel gate
-on a grouped copy of specs/kda.fla) read q and k at their key-side head themselves, and the spec's transforms
-run as one pass per head count (q, k on H; beta, g on HV): with autograd and fla's switches on, no q or k is
-repeated to the value heads."""
+The chunked delta-rule kernels (chunk_delta.jinja: gated_delta_rule's scalar gate, and KDA's per-channel gate,
+specs/kda.fla) read q and k at their key-side head themselves, and the spec's transforms run as one pass per
+head count (q, k on H; beta, g on HV): with autograd and fla's switches on, no q or k is repeated to the value
+heads. KDA's grouped ops are also checked against a second construction: an ungrouped build of specs/kda.fla
+(every input on H heads) run on q and k repeated over their groups."""
 
 import importlib
 import sys
@@ -32,6 +33,7 @@ from tests.support import (
     assert_gradients_match_reference,
     built_package,
     generated,
+    grads_of,
     poisoned_allocations,
     recurrence,
     spy_on_launch,
@@ -81,29 +83,34 @@ def test_grouped_spec_with_hv_equal_h_runs_ungrouped():
     assert not result.failures(), result.errors
 
 
-def _ungrouped_reference():
-    """gated_delta_rule's reference derived from the spec with every input on H heads."""
-    text = (REPO_ROOT / "specs" / "gated_delta_rule.fla").read_text().replace("HV", "H")
-    rec = canonicalize(check_spec(parse_spec(text, "ungrouped.fla")))
+def _ungrouped_spec(op: str) -> str:
+    """specs/<op>.fla with every input on the H heads (no grouping)."""
+    return (REPO_ROOT / "specs" / f"{op}.fla").read_text().replace("HV", "H")
+
+
+def _ungrouped_reference(op: str):
+    """The reference of ``op`` derived from its spec with every input on H heads."""
+    rec = canonicalize(check_spec(parse_spec(_ungrouped_spec(op), "ungrouped.fla")))
     assert not rec.spec.grouped
     source = next(f.text for f in emit_package(rec) if f.path.endswith("reference.py"))
     namespace: dict = {}
     exec(compile(source, "ungrouped_reference.py", "exec"), namespace)
-    return namespace["gated_delta_rule_reference"]
+    return namespace[f"{op}_reference"]
 
 
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
 @pytest.mark.parametrize("cu_seqlens", [None, [0, 5, 19]])
-def test_grouped_reference_equals_ungrouped_on_repeated_qk(cu_seqlens):
+def test_grouped_reference_equals_ungrouped_on_repeated_qk(op, cu_seqlens):
     B, T = (2, 19) if cu_seqlens is None else (1, 19)
-    x = sample_inputs(recurrence("gated_delta_rule"), B, T, H, K, V, torch.float64, seed=14, HV=HV)
+    x = sample_inputs(recurrence(op), B, T, H, K, V, torch.float64, seed=14, HV=HV)
     x = {n: t.double().requires_grad_(True) for n, t in x.items()}
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     h0 = torch.randn(N, HV, K, V, dtype=torch.float64, requires_grad=True)
     kw = {"cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens), "output_final_state": True}
-    o, ht = generated("gated_delta_rule").gated_delta_rule_reference(*x.values(), initial_state=h0, **kw)
+    o, ht = getattr(generated(op), f"{op}_reference")(*x.values(), initial_state=h0, **kw)
     q_rep = x["q"].detach().repeat_interleave(GROUPS, dim=2).requires_grad_(True)
     k_rep = x["k"].detach().repeat_interleave(GROUPS, dim=2).requires_grad_(True)
-    o_u, ht_u = _ungrouped_reference()(q_rep, k_rep, x["v"], x["g"], x["beta"], initial_state=h0, **kw)
+    o_u, ht_u = _ungrouped_reference(op)(q_rep, k_rep, x["v"], x["g"], x["beta"], initial_state=h0, **kw)
     assert o.shape == (B, T, HV, V) and ht.shape == (N, HV, K, V)
     assert relative_error(o, o_u) < 1e-12 and relative_error(ht, ht_u) < 1e-12
     do, dht = torch.randn_like(o), torch.randn_like(ht)
@@ -278,26 +285,8 @@ def test_grouped_chunk_with_autograd_repeats_no_heads(cu_seqlens, monkeypatch):
     assert [t.shape for t in summed] == [x["q"].shape, x["k"].shape]
 
 
-def _grouped_kda_spec() -> str:
-    """specs/kda.fla with v, g, beta and the gate's A_log and dt_bias on HV value heads, as fla's grouped KDA holds
-    them (KDA's chunk kernels are chunk_delta's per-channel rendering; the shipped spec has HV = H)."""
-    text = (REPO_ROOT / "specs" / "kda.fla").read_text().replace("op kda", "op grouped_kda", 1)
-    for line in ("input v: [B, T, H, V]", "input g: [B, T, H, K]", "input beta: [B, T, H]", "input A_log: [H] if",
-                 "input dt_bias: [H, K] = 0 if"):
-        assert line in text
-        text = text.replace(line, line.replace("[H", "[HV", 1).replace("[B, T, H", "[B, T, HV", 1))
-    return text
-
-
-@pytest.fixture(scope="module")
-def grouped_kda(tmp_path_factory):
-    with built_package(_grouped_kda_spec(), tmp_path_factory.mktemp("grouped_kda"), "grouped_kda") as (rec, pkg):
-        assert rec.spec.grouped
-        yield pkg
-
-
 @pytest.mark.parametrize(("l2norm", "cu_seqlens"), [(True, None), (False, [0, 13, 13, 84])])
-def test_grouped_kda_chunk(grouped_kda, l2norm, cu_seqlens, monkeypatch):
+def test_grouped_kda_chunk(l2norm, cu_seqlens, monkeypatch):
     """The per-channel rendering with grouped heads, q and k L2-normalized by the switch (or given unit-norm):
     outputs and every gradient against the float64 reference, with no repeat of q or k."""
     B, T = (2, 70) if cu_seqlens is None else (1, cu_seqlens[-1])
@@ -308,11 +297,12 @@ def test_grouped_kda_chunk(grouped_kda, l2norm, cu_seqlens, monkeypatch):
     flags = {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": True,
              "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
     _forbid_repeats(monkeypatch)
-    assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
+    kda = generated("kda")
+    assert_gradients_match_reference(kda.chunk_kda, kda.kda_reference, x, (), **flags)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
-def test_grouped_kda_gate_in_kernel(grouped_kda, mode, monkeypatch):
+def test_grouped_kda_gate_in_kernel(mode, monkeypatch):
     """The gate computed in the kernel on the value heads: A_log [HV] and a flat dt_bias [HV * K] (fla's grouped
     layout) read by the pass's value-head kernels, q and k normalized by its key-head ones, no repeat: outputs and
     every gradient against the float64 reference."""
@@ -322,15 +312,15 @@ def test_grouped_kda_gate_in_kernel(grouped_kda, mode, monkeypatch):
     x["dt_bias"] = 0.5 * torch.randn(HV * 16, generator=gen) - 3.0
     flags = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True}
     _forbid_repeats(monkeypatch)
-    assert_gradients_match_reference(getattr(grouped_kda, f"{mode}_grouped_kda"), grouped_kda.grouped_kda_reference,
-                                     x, ("A_log", "dt_bias"), **flags)
+    kda = generated("kda")
+    assert_gradients_match_reference(getattr(kda, f"{mode}_kda"), kda.kda_reference, x, ("A_log", "dt_bias"), **flags)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 def test_grouped_kda_gate_parameters_on_the_key_heads(mode, tmp_path):
     """A_log [H] and a flat dt_bias [H * K] on the query/key heads while g is on HV: the autograd path repeats them
     (dt_bias viewed as [H, K] first) with q and k to the value heads; every gradient takes the shape given."""
-    text = _grouped_kda_spec().replace("op grouped_kda", "op key_kda")
+    text = (REPO_ROOT / "specs" / "kda.fla").read_text().replace("op kda", "op key_kda", 1)
     text = text.replace("input A_log: [HV] if", "input A_log: [H] if").replace("input dt_bias: [HV, K] = 0 if",
                                                                                "input dt_bias: [H, K] = 0 if")
     x = _raw_grouped_inputs(1, 30, 1, (16, 32), seed=42, channel_gate=True, gate_in_kernel=True)
@@ -344,7 +334,7 @@ def test_grouped_kda_gate_parameters_on_the_key_heads(mode, tmp_path):
                                          ("A_log", "dt_bias"), **flags)
 
 
-def test_grouped_kda_chunk_strong_gates(grouped_kda, monkeypatch):
+def test_grouped_kda_chunk_strong_gates(monkeypatch):
     """Per-channel log gates down to -5 per token, whose span inside a 16-token sub-chunk passes fp32's DIAG_SPAN
     (30): fwd_A and bwd_dqk_intra rebuild their diagonal sub-chunks entry by entry, reading q and k at the
     key-side head (the logsigmoid(N(0, 1)) gates of test_grouped_kda_chunk never take that path)."""
@@ -353,4 +343,93 @@ def test_grouped_kda_chunk_strong_gates(grouped_kda, monkeypatch):
     x["g"] = -5.0 * torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(37))
     flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "cu_seqlens": None}
     _forbid_repeats(monkeypatch)
-    assert_gradients_match_reference(grouped_kda.chunk_grouped_kda, grouped_kda.grouped_kda_reference, x, (), **flags)
+    kda = generated("kda")
+    assert_gradients_match_reference(kda.chunk_kda, kda.kda_reference, x, (), **flags)
+
+
+def _kda_flags(cu_seqlens: list[int] | None, l2norm: bool = True) -> dict:
+    """fla's switches as a grouped KDA model would pass them (q and k normalized in the kernel, beta as logits)."""
+    return {"use_qk_l2norm_in_kernel": l2norm, "use_beta_sigmoid_in_kernel": True,
+            "cu_seqlens": None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)}
+
+
+# T = 24 dense, and a varlen batch with an empty sequence: the backward's checkpoint segments (BT = 32 at these
+# lengths) hold several sequences' states.
+@pytest.mark.parametrize(("l2norm", "cu_seqlens"), [(True, None), (False, [0, 7, 7, 26])])
+def test_grouped_kda_fused_recurrent(l2norm, cu_seqlens, monkeypatch):
+    """fused_recurrent_kda with grouped heads under autograd (the transform pass, then the recurrent kernels):
+    outputs and every gradient (dq, dk summed over each group) against the float64 reference, with no repeat
+    of q or k."""
+    B, T = (2, 24) if cu_seqlens is None else (1, cu_seqlens[-1])
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    x = _raw_grouped_inputs(B, T, N, (16, 32), seed=38, channel_gate=True, gate_in_kernel=False)
+    if not l2norm:
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+    _forbid_repeats(monkeypatch)
+    kda = generated("kda")
+    assert_gradients_match_reference(kda.fused_recurrent_kda, kda.kda_reference, x, (),
+                                     **_kda_flags(cu_seqlens, l2norm))
+
+
+@pytest.mark.parametrize(("B", "T", "cu_seqlens"), [(3, 1, None), (2, 5, None), (1, 7, [0, 1, 3, 3, 7])])
+def test_grouped_kda_decode(B, T, cu_seqlens, monkeypatch):
+    """fused_recurrent_kda without autograd, as a model decodes: from an initial state [N, HV, K, V], one token
+    a sequence (T = 1) or a few, fla's switches applied inside the recurrent kernel where it loads q and k at
+    their key-side head (the transform pass does not run); o and the final state against the float64 reference."""
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    x = _raw_grouped_inputs(B, T, N, (16, 32), seed=39, channel_gate=True, gate_in_kernel=False)
+    flags = _kda_flags(cu_seqlens)
+    kda = generated("kda")
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the decode path ran the transform pass")
+
+    monkeypatch.setattr(kda.fused_recurrent, "kda_transforms", no_pass)
+    _forbid_repeats(monkeypatch)
+    h0 = x.pop("initial_state")
+    with torch.no_grad(), poisoned_allocations():
+        o, ht = kda.fused_recurrent_kda(*x.values(), initial_state=h0, output_final_state=True, **flags)
+    ref_o, ref_ht = kda.kda_reference(*(t.double() for t in x.values()), initial_state=h0.double(),
+                                      output_final_state=True, **flags)
+    assert o.shape == (B, T, HV, 32) and ht.shape == (N, HV, 16, 32)
+    tol = TOLERANCE[torch.float32][0]
+    assert relative_error(o, ref_o) < tol and relative_error(ht, ref_ht) < tol
+
+
+@pytest.fixture(scope="module")
+def ungrouped_kda(tmp_path_factory):
+    """specs/kda.fla built with v, g, beta and the state on the H heads: the ungrouped kernels (no HK, no group
+    offsets), as generated.kda was before it grouped value heads."""
+    text = _ungrouped_spec("kda").replace("op kda", "op ungrouped_kda")
+    with built_package(text, tmp_path_factory.mktemp("ungrouped_kda"), "ungrouped_kda") as (rec, pkg):
+        assert not rec.spec.grouped
+        yield pkg
+
+
+@pytest.mark.parametrize(("mode", "cu_seqlens"), [("chunk", None), ("chunk", [0, 13, 13, 84]),
+                                                  ("fused_recurrent", None), ("fused_recurrent", [0, 7, 7, 26])])
+def test_grouped_kda_equals_ungrouped_op_on_repeated_qk(ungrouped_kda, mode, cu_seqlens):
+    """The grouped op against a construction that shares none of its group addressing: the ungrouped build run on
+    q and k repeated over their groups (value head hv on q/k head hv // (HV / H)), fla's switches on. o, the final
+    state and the value-side gradients agree; dq and dk are the repeated inputs' gradients summed over each group
+    (and not one value head's share)."""
+    B, T = (2, 70 if mode == "chunk" else 24) if cu_seqlens is None else (1, cu_seqlens[-1])
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    x = _raw_grouped_inputs(B, T, N, (16, 32), seed=40, channel_gate=True, gate_in_kernel=False)
+    flags = _kda_flags(cu_seqlens)
+    with poisoned_allocations():
+        o, ht, grads = grads_of(getattr(generated("kda"), f"{mode}_kda"),
+                                {n: t.clone().requires_grad_(True) for n, t in x.items()}, (), **flags)
+    repeated = {n: t.repeat_interleave(GROUPS, dim=2) if n in ("q", "k") else t.clone() for n, t in x.items()}
+    with poisoned_allocations():
+        o_u, ht_u, grads_u = grads_of(getattr(ungrouped_kda, f"{mode}_ungrouped_kda"),
+                                      {n: t.requires_grad_(True) for n, t in repeated.items()}, (), **flags)
+    assert o.shape == o_u.shape == (B, T, HV, 32)
+    tol = 1e-5  # the same fp32 arithmetic in both, up to the order of a few sums
+    errors = {"o": relative_error(o, o_u), "final_state": relative_error(ht, ht_u)}
+    errors.update({f"d{n}": relative_error(grads[n], grads_u[n]) for n in ("v", "g", "beta", "initial_state")})
+    for n in ("q", "k"):
+        assert grads[n].shape == x[n].shape
+        errors[f"d{n}"] = relative_error(grads[n], grads_u[n].view(B, T, H, GROUPS, -1).sum(3))
+        assert relative_error(grads[n], grads_u[n][:, :, ::GROUPS]) > 1e-3
+    assert all(e < tol for e in errors.values()), errors

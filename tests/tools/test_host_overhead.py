@@ -13,10 +13,12 @@ import host_overhead  # noqa: E402
 
 from tests.support import generated  # noqa: E402
 
-# (op, value heads per q/k head, flags): the two real-model specs as Qwen3-Next and Kimi Linear call them
+# (op, value heads per q/k head, flags): the two real-model specs as Qwen3-Next and Kimi Linear call them, and KDA
+# with grouped value heads
 CASES = [(op, 1, ()) for op in host_overhead.OPS] + [
     ("gated_delta_rule", 2, ("use_qk_l2norm_in_kernel",)),
     ("kda", 1, ("use_qk_l2norm_in_kernel",)),
+    ("kda", 2, ("use_qk_l2norm_in_kernel",)),
 ]
 
 
