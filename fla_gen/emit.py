@@ -545,7 +545,17 @@ def _part_context(part: TransformPart, function_class: str, slot_inputs: dict[st
         "bypass": part.bypass,
         "switched": [([n for n, _ in t.outputs].index(out), [n for n, _ in t.sources].index(src),
                       tuple(f"flag_{f}" for f in flags)) for out, src, flags in t.switched],
+        "dtype_sources": _dtype_sources(t, slot_inputs),
     }
+
+
+def _dtype_sources(t: TransformKernel, slot_inputs: dict[str, str | None]) -> list[int]:
+    """Per output of the pass's kernel pair, the source whose dtype it is stored in (where it is not fp32): the
+    input it rebinds, else (a derived slot) the first source. A part of a split pass then keeps each input's
+    dtype: its first source may be an fp32 gate, which beta's sigmoid must not turn into an fp32 beta (the
+    chunk kernels would compile again for it)."""
+    sources = [n for n, _ in t.sources]
+    return [sources.index(slot_inputs[n]) if slot_inputs.get(n) in sources else 0 for n, _ in t.outputs]
 
 
 def _transforms_module(lowered: Lowered, t: TransformKernel, common: dict) -> str:

@@ -25,6 +25,8 @@ _SOURCES = ['q', 'k', 'g', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
 _OUTPUTS = ['q:K', 'k:K', 'g:', 'beta:']
 _FP32_OUTPUTS = ['g']
+# per output, the source whose dtype it is stored in where it is not float32 (the input it rebinds)
+_DTYPE_SOURCES = [0, 1, 2, 3]
 
 
 @triton.jit
@@ -180,10 +182,10 @@ def _forward(positions, rope_dims, head_dims, *tensors):
     rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, head_dims, "fwd")
     B, T = sources[0].shape[:2]
     outs = []
-    for out in _OUTPUTS:
+    for j, out in enumerate(_OUTPUTS):
         name, dim = out.split(":")
         shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-        dtype = torch.float32 if name in _FP32_OUTPUTS else sources[0].dtype
+        dtype = torch.float32 if name in _FP32_OUTPUTS else sources[_DTYPE_SOURCES[j]].dtype
         outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
     gated_delta_rule_rope_transform_fwd_kernel[grid](
         *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,

@@ -32,6 +32,8 @@ _SOURCES_H = ['q', 'k']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
 _OUTPUTS_H = ['q:K', 'k:K']
 _FP32_OUTPUTS_H = []
+# per output, the source whose dtype it is stored in where it is not float32 (the input it rebinds)
+_DTYPE_SOURCES_H = [0, 1]
 
 
 @triton.jit
@@ -155,10 +157,10 @@ def _forward_h(positions, rope_dims, head_dims, flags, *tensors):
     rows, H, K, V, BK, BV, grid, BR, warps = _geometry_h(sources, head_dims, "fwd")
     B, T = sources[0].shape[:2]
     outs = []
-    for out in _OUTPUTS_H:
+    for j, out in enumerate(_OUTPUTS_H):
         name, dim = out.split(":")
         shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-        dtype = torch.float32 if name in _FP32_OUTPUTS_H else sources[0].dtype
+        dtype = torch.float32 if name in _FP32_OUTPUTS_H else sources[_DTYPE_SOURCES_H[j]].dtype
         outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
     kda_transform_h_fwd_kernel[grid](
         *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,
@@ -210,6 +212,8 @@ _SOURCES_HV = ['g', 'beta']
 # the outputs, each with its head dim ("K", "V" or "" for a scalar per token) and whether it is stored in float32
 _OUTPUTS_HV = ['g:K', 'beta:']
 _FP32_OUTPUTS_HV = ['g']
+# per output, the source whose dtype it is stored in where it is not float32 (the input it rebinds)
+_DTYPE_SOURCES_HV = [0, 1]
 # (output index, source index, its flags) per output that only switchable lines rebind: with those flags all off it
 # is its source as given, which the kernels neither read nor write (nor its gradient, which passes through)
 _SWITCHED_HV = [(0, 0, ('flag_use_gate_in_kernel',)), (1, 1, ('flag_use_beta_sigmoid_in_kernel', 'flag_allow_neg_eigval'))]
@@ -376,7 +380,7 @@ def _forward_hv(positions, rope_dims, head_dims, flags, *tensors):
             continue
         name, dim = out.split(":")
         shape = (B, T, H) + ((K,) if dim == "K" else (V,) if dim == "V" else ())
-        dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[0].dtype
+        dtype = torch.float32 if name in _FP32_OUTPUTS_HV else sources[_DTYPE_SOURCES_HV[j]].dtype
         outs.append(torch.empty(shape, dtype=dtype, device=sources[0].device))
     kda_transform_hv_fwd_kernel[grid](
         *sources, *heads, *outs, positions, *rope_dims, rows, H, K, V, BR=BR, BK=BK, BV=BV, **flags, num_warps=warps,

@@ -350,3 +350,32 @@ def test_keyword_inputs_of_switched_off_lines_are_not_made(mode, monkeypatch):
     made.clear()
     fn(*x.values(), use_gate_in_kernel=True, A_log=A_log)
     assert made == [(H,)], made
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
+def test_pass_keeps_each_inputs_dtype(op, monkeypatch):
+    """fp16 q, k, v, beta with an fp32 gate, every switch on and HV = 2H, so that the pass splits into a key-head
+    and a value-head kernel pair and the value-head one's first source is the fp32 gate: the recurrence gets g in
+    fp32 and beta still in fp16 (an fp32 beta would compile the chunk kernels once more for it), and the output
+    matches the float64 reference."""
+    pkg = generated(op)
+    gen = torch.Generator().manual_seed(51)
+    HV = 2 * H
+    gate = (B, T, HV, K) if op == "kda" else (B, T, HV)
+    x = {"q": torch.randn(B, T, H, K, generator=gen).half(), "k": torch.randn(B, T, H, K, generator=gen).half(),
+         "v": torch.randn(B, T, HV, V, generator=gen).half(), "g": torch.randn(*gate, generator=gen),
+         "beta": torch.randn(B, T, HV, generator=gen).half()}
+    heads = {"A_log": torch.empty(HV).uniform_(0.0, 2.0, generator=gen).log(),
+             "dt_bias": 0.5 * torch.randn(*gate[2:], generator=gen) - 3.0}
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": True,
+             "allow_neg_eigval": True}
+    transforms = getattr(pkg.transforms, f"{op}_transforms")
+    seen = []
+    monkeypatch.setattr(pkg.chunk, f"{op}_transforms", lambda *a, **k: seen.append(transforms(*a, **k)) or seen[-1])
+    with torch.no_grad(), poisoned_allocations():
+        o, _ = getattr(pkg, f"chunk_{op}")(*x.values(), **heads, **flags)
+    (_q, _k, _g, _beta), = seen
+    assert (_q.dtype, _k.dtype, _g.dtype, _beta.dtype) == (torch.float16,) * 2 + (torch.float32, torch.float16)
+    reference = getattr(pkg, f"{op}_reference")
+    o_ref, _ = reference(*(t.double() for t in x.values()), **{n: t.double() for n, t in heads.items()}, **flags)
+    assert relative_error(o, o_ref) <= TOLERANCE[torch.float16][0]
