@@ -215,12 +215,12 @@ class GatedDeltaRuleRopeTransforms(torch.autograd.Function):
         positions, *tensors = ctx.saved_tensors
         sources, heads = tensors[:len(_SOURCES)], tensors[len(_SOURCES):]
         rows, H, K, V, BK, BV, grid, BR, warps = _geometry(sources, ctx.head_dims, "bwd")
+        grads = tuple(g.contiguous() for g in grads)
         dx = tuple(torch.empty_like(x) for x in sources)
         # one fp32 partial per row of a per-head input: [rows, 1] for [H], [rows, D] for [H, D] or its flat [H * D];
         # None for a guarded input that is None (its flag is off)
         dp = tuple(None if x is None else torch.empty(rows, x.numel() // H, dtype=torch.float32, device=x.device)
                    for x in heads)
-        grads = tuple(g.contiguous() for g in grads)
         gated_delta_rule_rope_transform_bwd_kernel[grid](
             *sources, *heads, *grads, *dx, *dp, positions, *ctx.rope_dims, rows, H, K, V,
             BR=BR, BK=BK, BV=BV, SAME_TOKEN=tile_of_one_token(H, BR), num_warps=warps,
