@@ -80,7 +80,7 @@ def ours_and_fla(kind: str):
         fla_gdn.chunk_gated_delta_rule, fla_gdn.fused_recurrent_gated_delta_rule
 
 
-def correctness(kind: str, x: dict, cu, N: int, gradients: bool) -> dict:
+def correctness(kind: str, x: dict, cu, N: int, gradients: bool, libs: tuple[str, ...] = ("ours", "fla")) -> dict:
     """Relative errors of ours and fla against the float64 reference (l2norm of q and k in the call); with
     ``gradients`` also every input gradient (the reference's autograd graph holds a state per token: keep T
     moderate there)."""
@@ -96,7 +96,7 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool) -> dict:
     do = torch.randn_like(o_ref)
     if gradients:
         (o_ref * do).sum().backward()
-    for name, fn in (("ours", ours), ("fla", fla_fn)):
+    for name, fn in ((n, f) for n, f in (("ours", ours), ("fla", fla_fn)) if n in libs):
         for t in leaves.values():
             t.grad = None
         try:
@@ -221,8 +221,33 @@ def main() -> int:
                    help="KDA: pass g raw with A_log and dt_bias (use_gate_in_kernel=True)")
     p.add_argument("--speed-only", action="store_true", help="skip the correctness checks")
     p.add_argument("--decode-only", action="store_true", help="only the decode step (its check and its time)")
+    p.add_argument("--batches", default="1,4", help="comma-separated batch sizes of the speed cells (default: 1,4; "
+                                                    "'' for none). One shape per process: run each B on its own")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode step")
+    p.add_argument("--check-libs", default="ours,fla",
+                   help="comma-separated: whose correctness to check against the reference (default: ours,fla; "
+                        "fla's first call at a new shape autotunes for minutes)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
+    # (kind, H, HV, D): Qwen3-Next, Kimi Linear, and KDA with fla's grouped value heads
+    models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128), "kda-gva": ("kda", 16, 32, 128)}
+    unknown = [key for key in a.only.split(",") if key not in models]
+    if unknown:
+        p.error(f"--only: unknown model(s) {', '.join(unknown)}; choose from {', '.join(models)}")
+    try:
+        batches = [int(b) for b in a.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches: expected comma-separated integers, got {a.batches!r}")
+    if any(b < 1 for b in batches):
+        p.error(f"--batches: batch sizes must be >= 1, got {a.batches!r}")
+    check_libs = tuple(lib for lib in a.check_libs.split(",") if lib)
+    if not check_libs or any(lib not in ("ours", "fla") for lib in check_libs):
+        p.error(f"--check-libs: expected a comma-separated subset of ours,fla, got {a.check_libs!r}")
+    rng = random.Random(0)
+    lengths = [rng.randint(256, 1024) for _ in range(8)]
+    cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
+    short = [rng.randint(64, 256) for _ in range(4)]
+    cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
@@ -233,16 +258,6 @@ def main() -> int:
     except ImportError:
         print("fla-core is required (pip install fla-core)", file=sys.stderr)
         return 2
-    rng = random.Random(0)
-    lengths = [rng.randint(256, 1024) for _ in range(8)]
-    cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
-    short = [rng.randint(64, 256) for _ in range(4)]
-    cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
-    # (kind, H, HV, D): Qwen3-Next, Kimi Linear, and KDA with fla's grouped value heads
-    models = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 16, 16, 128), "kda-gva": ("kda", 16, 32, 128)}
-    unknown = [key for key in a.only.split(",") if key not in models]
-    if unknown:
-        p.error(f"--only: unknown model(s) {', '.join(unknown)}; choose from {', '.join(models)}")
     for key in a.only.split(","):
         kind, H, HV, D = models[key]
         gate = a.gate_in_kernel and kind == "kda"
@@ -254,15 +269,16 @@ def main() -> int:
             (f"gradients_varlen_{len(short)}", 1, int(cu_short[-1]), cu_short, len(short), True))
         for seed, (name, B, T, offsets, N, gradients) in enumerate(checks):
             report[f"{key}_{name}"] = correctness(kind, make(kind, B, T, H, HV, D, seed=seed, gate_in_kernel=gate),
-                                                  offsets, N, gradients)
+                                                  offsets, N, gradients, check_libs)
         torch.cuda.empty_cache()
         print(json.dumps({k: v for k, v in report.items() if k.startswith(key)}), flush=True)
-        for B, T in () if a.decode_only else ((1, a.T), (4, a.T)):
+        for B, T in () if a.decode_only else ((b, a.T) for b in batches):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(
                 kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick)
             print(json.dumps(report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"]), flush=True)
-        report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds, gate)
-        print(json.dumps(report[f"{key}_decode_B64"]), flush=True)
+        if not a.no_decode:
+            report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds, gate)
+            print(json.dumps(report[f"{key}_decode_B64"]), flush=True)
     text = json.dumps(report, indent=1)
     if a.out:
         a.out.write_text(text)
