@@ -49,7 +49,6 @@ def delta_rule_fwd_wu_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DV_LOCAL: tl.constexpr,
-    STORE_WU: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
@@ -58,10 +57,9 @@ def delta_rule_fwd_wu_kernel(
     #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored (input dtype); with STORE_WU it is read back as one [BT, BT] tile, which feeds W = Ai
+    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
     #      diag(beta) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
-    #      the blocks without any layout shuffle in registers). Without it the kernel stops at Ai: the
-    #      forward walk that builds v_new from Ai (fwd_fused) needs nothing else.
+    #      the blocks without any layout shuffle in registers).
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P^T[j, i] = scale k_j . q_i.
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -185,7 +183,8 @@ def delta_rule_fwd_wu_kernel(
     b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
     b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
 
-    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
+    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them),
+    #    then read Ai back whole; the barrier makes every thread's stores visible to the whole program.
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r0[None, :], b_Ai10.to(Ai.dtype.element_ty), mask=m_r1[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r1[None, :], b_Ai11.to(Ai.dtype.element_ty), mask=m_r1[:, None])
@@ -196,43 +195,41 @@ def delta_rule_fwd_wu_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
-    if STORE_WU:
-        # the barrier makes every thread's stores of Ai visible to the whole program before it reads Ai back
-        tl.debug_barrier()
-        m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-        b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
+    tl.debug_barrier()
+    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
+    b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
 
-        # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
-        # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
-        b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-        b_Aw = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
-        b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
-        # k q^T for dv_local (backward only), accumulated in the W loop that loads k anyway
-        b_KQ = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_tk = m_t[:, None] & (o_k[None, :] < K)
-            b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
-            b_w = tl.dot(b_Aw, b_k)
-            tl.store(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
-            if DV_LOCAL:
-                p_qT = q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
-                b_qT = tl.load(p_qT, mask=(o_k[:, None] < K) & m_t[None, :], other=0.)
-                b_KQ = tl.dot(b_k, b_qT, b_KQ)
+    # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
+    # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
+    b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    b_Aw = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    # k q^T for dv_local (backward only), accumulated in the W loop that loads k anyway
+    b_KQ = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        b_k = tl.load(k_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
+        b_w = tl.dot(b_Aw, b_k)
+        tl.store(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_tk)
         if DV_LOCAL:
-            # P^T[j, i] = scale (k_j . q_i) for i >= j
-            b_PT = tl.where(o_i[:, None] <= o_i[None, :], b_KQ * scale, 0.)
-            b_PT = b_PT.to(k.dtype.element_ty)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_tv = m_t[:, None] & (o_v[None, :] < V)
-            o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
-            b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
-            b_u = tl.dot(b_Au, b_v)
-            tl.store(u + o_tv, b_u.to(u.dtype.element_ty), mask=m_tv)
-            if DV_LOCAL:
-                b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-                tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
+            p_qT = q + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
+            b_qT = tl.load(p_qT, mask=(o_k[:, None] < K) & m_t[None, :], other=0.)
+            b_KQ = tl.dot(b_k, b_qT, b_KQ)
+    if DV_LOCAL:
+        # P^T[j, i] = scale (k_j . q_i) for i >= j
+        b_PT = tl.where(o_i[:, None] <= o_i[None, :], b_KQ * scale, 0.)
+        b_PT = b_PT.to(k.dtype.element_ty)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
+        b_u = tl.dot(b_Au, b_v)
+        tl.store(u + o_tv, b_u.to(u.dtype.element_ty), mask=m_tv)
+        if DV_LOCAL:
+            b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
+            tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -309,9 +306,8 @@ def delta_rule_fwd_h_kernel(
 def delta_rule_fwd_fused_kernel(
     q,
     k,
-    v,
-    beta,
-    Ai,
+    w,
+    u,
     o,
     h0,
     ht,
@@ -333,9 +329,6 @@ def delta_rule_fwd_fused_kernel(
     # o = scale * (q @ h + causal(q @ k^T) @ v_new),
     # so neither the chunk states nor v_new go through memory. The launcher takes it when the grid fills
     # enough of the GPU (launch.fused_walk_block_v), else fwd_h + fwd_o.
-    # v_new = U - W h = Ai diag(beta) (V - diag(1) K h) is built here from fwd_wu's Ai, so W and U
-    # (each [T, H, 128] at head dim 128) are neither written by fwd_wu nor read back per V block: one more
-    # [BT, BT] x [BT, BV] dot per chunk on the walk.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -365,12 +358,8 @@ def delta_rule_fwd_fused_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         # the state and v_new enter the dots in the input dtype, as fwd_h stores them for fwd_o
         b_hb = b_h.to(k.dtype.element_ty)
-        b_k = tl.load(k + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_Ai = tl.load(Ai + t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A & m_t[:, None], other=0.)
-        b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-        b_v = tl.load(v + o_tv, mask=m_tv, other=0.).to(tl.float32)
-        b_x = b_beta[:, None] * (b_v - tl.dot(b_k, b_hb))
-        b_vn = tl.dot(b_Ai, b_x.to(b_Ai.dtype))
+        b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
         b_q = tl.load(q + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_vnb = b_vn.to(b_kT.dtype)
@@ -834,9 +823,8 @@ def delta_rule_bwd_wy_kernel(
     tl.store(dbeta + (t0 + o_i) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
-def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan, store_wu=True):
-    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward). With
-    ``store_wu`` False only Ai (w and u are None): the fused forward walk builds v_new from Ai.
+def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
+    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
@@ -849,8 +837,8 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan, store_w
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_wu")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    w = torch.empty_like(k) if store_wu else None
-    u = torch.empty_like(v) if store_wu else None
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     g_cum = None
@@ -875,7 +863,6 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan, store_w
         BK=BK,
         BV=BV,
         DV_LOCAL=do is not None,
-        STORE_WU=store_wu,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -952,10 +939,10 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
     walks = N
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
-        _, _, Ai, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan, store_wu=False)
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
         walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
@@ -964,9 +951,8 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
         delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
-            v,
-            beta,
-            Ai,
+            w,
+            u,
             o,
             walk_initial_state,
             walk_final_state,
@@ -986,7 +972,6 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
     h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")

@@ -357,7 +357,6 @@ def kda_fwd_wu_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DV_LOCAL: tl.constexpr,
-    STORE_WU: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
@@ -366,10 +365,9 @@ def kda_fwd_wu_kernel(
     #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
     #   2. Ai_cc = (I + A_cc)^{-1} as a product of powers of A_cc, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored (input dtype); with STORE_WU it is read back as one [BT, BT] tile, which feeds W = Ai
+    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
     #      diag(beta) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
-    #      the blocks without any layout shuffle in registers). Without it the kernel stops at Ai: the
-    #      forward walk that builds v_new from Ai (fwd_fused) needs nothing else.
+    #      the blocks without any layout shuffle in registers).
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P = A_qk from fwd_A (loaded transposed).
     # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
     # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
@@ -483,7 +481,8 @@ def kda_fwd_wu_kernel(
     b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
     b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
 
-    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
+    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them),
+    #    then read Ai back whole; the barrier makes every thread's stores visible to the whole program.
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r0[None, :], b_Ai10.to(Ai.dtype.element_ty), mask=m_r1[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r1[None, :], b_Ai11.to(Ai.dtype.element_ty), mask=m_r1[:, None])
@@ -494,45 +493,43 @@ def kda_fwd_wu_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
-    if STORE_WU:
-        # the barrier makes every thread's stores of Ai visible to the whole program before it reads Ai back
-        tl.debug_barrier()
-        m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-        b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
+    tl.debug_barrier()
+    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
+    b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
 
-        # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
-        # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
-        b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
-        b_Aw = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
-        b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
-        # the per-channel factor exp(G) of W goes on each k tile (G <= 0)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_tk = m_t[:, None] & (o_k[None, :] < K)
-            o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-            ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :]
-            b_k = tl.load(k + ko_tk, mask=m_tk, other=0.).to(tl.float32)
-            b_g = tl.load(G + o_tk, mask=m_tk, other=0.)
-            b_w = tl.dot(b_Aw, (b_k * tl.exp(b_g)).to(k.dtype.element_ty))
-            tl.store(w + i_wg * HK * K + ko_tk, b_w.to(w.dtype.element_ty), mask=m_tk)
-            # G at the chunk's last valid row; kd is 0 past the sequence end
-            b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K + o_k, mask=o_k < K, other=0.)
-            b_kd = b_k * tl.exp(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
-            tl.store(kd + i_wg * HK * K + ko_tk, b_kd.to(kd.dtype.element_ty), mask=m_tk)
+    # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
+    # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
+    b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    b_Aw = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    b_Au = (b_Ai * b_beta[None, :]).to(k.dtype.element_ty)
+    # the per-channel factor exp(G) of W goes on each k tile (G <= 0)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+        ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :]
+        b_k = tl.load(k + ko_tk, mask=m_tk, other=0.).to(tl.float32)
+        b_g = tl.load(G + o_tk, mask=m_tk, other=0.)
+        b_w = tl.dot(b_Aw, (b_k * tl.exp(b_g)).to(k.dtype.element_ty))
+        tl.store(w + i_wg * HK * K + ko_tk, b_w.to(w.dtype.element_ty), mask=m_tk)
+        # G at the chunk's last valid row; kd is 0 past the sequence end
+        b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K + o_k, mask=o_k < K, other=0.)
+        b_kd = b_k * tl.exp(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
+        tl.store(kd + i_wg * HK * K + ko_tk, b_kd.to(kd.dtype.element_ty), mask=m_tk)
+    if DV_LOCAL:
+        # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
+        b_PT = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_t[None, :], other=0.)
+        b_PT = b_PT.to(k.dtype.element_ty)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
+        b_u = tl.dot(b_Au, b_v)
+        tl.store(u + o_tv, b_u.to(u.dtype.element_ty), mask=m_tv)
         if DV_LOCAL:
-            # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
-            b_PT = tl.load(Aqk + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_t[None, :], other=0.)
-            b_PT = b_PT.to(k.dtype.element_ty)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_tv = m_t[:, None] & (o_v[None, :] < V)
-            o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
-            b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
-            b_u = tl.dot(b_Au, b_v)
-            tl.store(u + o_tv, b_u.to(u.dtype.element_ty), mask=m_tv)
-            if DV_LOCAL:
-                b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
-                tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
+            b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
+            tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -1055,9 +1052,8 @@ def kda_bwd_dqkg_kernel(
         tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
-def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, store_wu=True):
-    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward). With
-    ``store_wu`` False only Ai (w and u are None): the fused forward walk builds v_new from Ai.
+def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
+    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
 
     G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] from _chunk_A.
 
@@ -1073,8 +1069,8 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     NT = launch.num_chunks(T, BT, chunk_indices)
     cfg = plan.config("fwd_wu")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
-    w = k.new_empty(B, H // HK, T, HK, K) if store_wu else None
-    u = torch.empty_like(v) if store_wu else None
+    w = k.new_empty(B, H // HK, T, HK, K)
+    u = torch.empty_like(v)
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
@@ -1104,7 +1100,6 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
         BK=BK,
         BV=BV,
         DV_LOCAL=do is not None,
-        STORE_WU=store_wu,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
