@@ -5,6 +5,8 @@ on a GPU: correctness against fla-core and the derived reference, speed against 
     python benchmarks/real_models.py                  # every check at the models' shapes
     python benchmarks/real_models.py --T 1024 --quick
     python benchmarks/real_models.py --only kda,kda-gva --gate-in-kernel   # KDA's gate computed in the call
+    python benchmarks/real_models.py --only gdn --batches 4 --autotune-picks .fla_autotune   # one shape; fla's
+                                                                            # autotune picks kept for the next
 
 Correctness (bf16 inputs): ours and fla against the derived reference run in float64 on the same inputs,
 by ‖out − ref‖ / ‖ref‖, for o, the final state and (ours; fla's where its backward runs) every input gradient;
@@ -35,6 +37,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _autotune import keep_autotune_picks  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -227,6 +232,9 @@ def main() -> int:
     p.add_argument("--check-libs", default="ours,fla",
                    help="comma-separated: whose correctness to check against the reference (default: ours,fla; "
                         "fla's first call at a new shape autotunes for minutes)")
+    p.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",
+                   help="keep fla-core's autotune picks in DIR: restored before the run, saved after it, so that a "
+                        "later process (another machine too) skips fla's minutes of autotuning at shapes DIR has seen")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     # (kind, H, HV, D): Qwen3-Next, Kimi Linear, and KDA with fla's grouped value heads
@@ -248,6 +256,9 @@ def main() -> int:
     cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
     short = [rng.randint(64, 256) for _ in range(4)]
     cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
+    if a.autotune_picks:
+        restored = keep_autotune_picks(a.autotune_picks)
+        print(f"{restored} fla autotune picks restored from {a.autotune_picks}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 

@@ -1,0 +1,47 @@
+"""Keep fla-core's autotune picks between processes and machines.
+
+fla-core autotunes most of its kernels: its first call at a new shape compiles and times every config, minutes
+per op (5.5 minutes for chunk_kda's forward and backward at two shapes on the H100). Triton can keep each
+autotuned kernel's timings beside its compiled code (``TRITON_CACHE_AUTOTUNING=1``: a ``<kernel>.autotune.json``
+in the kernel's cache directory, keyed by the kernel's source, its configs and the autotune key), and a later
+process then takes the same pick without timing anything. A fresh machine has an empty cache, so the picks are
+kept in a directory of their own here (a few KB each, unlike the compiled kernels): restored into Triton's cache
+before the run, collected back after it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from pathlib import Path
+
+PICK_SUFFIX = ".autotune.json"
+
+
+def triton_cache_dir() -> Path:
+    """Triton's cache directory as Triton resolves it: ``TRITON_CACHE_DIR``, else ``~/.triton/cache``."""
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def copy_picks(source: Path, target: Path) -> int:
+    """Copy every ``*.autotune.json`` under ``source`` to the same relative path under ``target`` (the relative
+    path is Triton's cache key: the file is found again only there). Returns how many were copied."""
+    count = 0
+    for pick in sorted(source.rglob(f"*{PICK_SUFFIX}")):
+        dest = target / pick.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pick, dest)
+        count += 1
+    return count
+
+
+def keep_autotune_picks(picks: Path) -> int:
+    """Turn on Triton's autotune cache for this process and the processes it starts, restore the picks kept in
+    ``picks`` into Triton's cache now, and copy every pick the cache holds back into ``picks`` at exit. Call it
+    before the first autotuned launch. Returns how many picks were restored."""
+    os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
+    cache = triton_cache_dir()
+    picks.mkdir(parents=True, exist_ok=True)
+    atexit.register(copy_picks, cache, picks)
+    return copy_picks(picks, cache)
