@@ -1,4 +1,7 @@
-"""transformers' own Kimi Linear KDA layer (KimiLinearDeltaAttention) on generated.kda, in Triton's interpreter.
+"""transformers' own KDA layers on generated.kda, in Triton's interpreter: Kimi Linear's KimiLinearDeltaAttention,
+and GLM-5-Next's Glm5NextTextLinearAttention, whose forget gate bounds the log decay below
+(lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), lower_bound = -5: down to exp(-5) per token and channel)
+and hands chunk_kda the gate already computed.
 
 As tests/integration/test_transformers_layers.py does for Qwen3-Next: the modeling module as imported runs
 transformers' torch path (fla is not installed); a copy imported while ``sys.modules["fla"]`` is
@@ -17,6 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, KimiLinearConfig
+from transformers.models.glm5_next import modeling_glm5_next
+from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
 from transformers.models.kimi_linear import modeling_kimi_linear as torch_path
 
 import generated.kda as kda
@@ -28,18 +33,25 @@ H, HEAD_DIM, HIDDEN = 2, 16, 64
 TOLERANCE = 1e-4  # relative norm error, fp32 against fp32
 
 
-def tiny_config() -> KimiLinearConfig:
+def tiny_config(config_class):
     """One KDA layer: hidden 64, 2 heads of dim 16."""
-    return KimiLinearConfig(
+    return config_class(
         hidden_size=HIDDEN, num_hidden_layers=1, layer_types=["linear_attention"], mlp_layer_types=["dense"],
         linear_head_dim=HEAD_DIM, linear_num_heads=H, linear_conv_kernel_dim=4, num_attention_heads=2,
-        num_key_value_heads=2, intermediate_size=64, moe_intermediate_size=32, vocab_size=32,
+        num_key_value_heads=2, intermediate_size=64, moe_intermediate_size=32, vocab_size=32, pad_token_id=0,
     )
 
 
-@pytest.fixture(scope="module")
-def swapped():
-    """(module copy on our ops, call counts of our ops)."""
+# model -> (its modeling module, its config class, its KDA layer class)
+MODELS = {
+    "kimi_linear": (torch_path, KimiLinearConfig, "KimiLinearDeltaAttention"),
+    "glm5_next": (modeling_glm5_next, Glm5NextTextConfig, "Glm5NextTextLinearAttention"),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def swapped(request):
+    """(model, module copy on our ops, call counts of our ops)."""
     assert importlib.util.find_spec("fla") is None, "fla is installed: the module as imported is not the torch path"
     fla = as_fla_module(kda)
     calls = {}
@@ -52,27 +64,29 @@ def swapped():
             return _op(*args, **kwargs)
 
         setattr(fla, name, counted)
-    return import_with_fla(torch_path.__name__, fla), calls
+    return request.param, import_with_fla(MODELS[request.param][0].__name__, fla), calls
 
 
 def layer_pair(swapped, seed: int):
     """transformers' layer on its torch path and the same layer (same weights) on our ops. The forget gate's
-    A_log and dt_bias are allocated uninitialised by the layer: drawn here so decays lie in about (0.2, 1)."""
-    module, _ = swapped
+    A_log and dt_bias are allocated uninitialised by the layer: drawn here so that Kimi's decays lie in about
+    (0.2, 1) (GLM-5-Next's lower bound keeps its own above exp(-5))."""
+    model, module, _ = swapped
+    torch_module, config_class, layer_class = MODELS[model]
     torch.manual_seed(seed)
-    config = tiny_config()
-    theirs = torch_path.KimiLinearDeltaAttention(config, layer_idx=0).float()
+    config = tiny_config(config_class)
+    theirs = getattr(torch_module, layer_class)(config, layer_idx=0).float()
     with torch.no_grad():
         theirs.forget_gate.A_log.uniform_(-2.0, 0.0)
         theirs.forget_gate.dt_bias.uniform_(-2.0, 0.0)
         theirs.o_norm.weight.uniform_(0.5, 1.5)
-    ours = module.KimiLinearDeltaAttention(config, layer_idx=0).float()
+    ours = getattr(module, layer_class)(config, layer_idx=0).float()
     ours.load_state_dict(theirs.state_dict())
     return config, theirs, ours
 
 
 def test_forward_and_backward_match_torch_path(swapped):
-    _, calls = swapped
+    *_, calls = swapped
     before = calls.get("chunk_kda", 0)
     _, theirs, ours = layer_pair(swapped, seed=0)
     x, dy = torch.randn(2, 20, HIDDEN), torch.randn(2, 20, HIDDEN)
@@ -91,7 +105,7 @@ def test_forward_and_backward_match_torch_path(swapped):
 
 
 def test_prefill_then_decode_match_torch_path(swapped):
-    _, calls = swapped
+    *_, calls = swapped
     before = calls.get("fused_recurrent_kda", 0)
     config, theirs, ours = layer_pair(swapped, seed=1)
     prompt, steps = torch.randn(2, 12, HIDDEN), [torch.randn(2, 1, HIDDEN) for _ in range(2)]
