@@ -11,6 +11,7 @@ before the run, collected back after it.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import shutil
@@ -45,3 +46,11 @@ def keep_autotune_picks(picks: Path) -> int:
     picks.mkdir(parents=True, exist_ok=True)
     atexit.register(copy_picks, cache, picks)
     return copy_picks(picks, cache)
+
+
+def add_autotune_picks_argument(parser: argparse.ArgumentParser) -> None:
+    """``--autotune-picks DIR`` (a Path, default None), the same option in every benchmark that runs fla-core."""
+    parser.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",
+                        help="keep fla-core's autotune picks in DIR: restored before the run, saved after it, so "
+                             "that a later run (another machine too) skips fla's minutes of autotuning at shapes "
+                             "DIR has seen")

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _autotune import keep_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, keep_autotune_picks  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -232,9 +232,7 @@ def main() -> int:
     p.add_argument("--check-libs", default="ours,fla",
                    help="comma-separated: whose correctness to check against the reference (default: ours,fla; "
                         "fla's first call at a new shape autotunes for minutes)")
-    p.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",
-                   help="keep fla-core's autotune picks in DIR: restored before the run, saved after it, so that a "
-                        "later process (another machine too) skips fla's minutes of autotuning at shapes DIR has seen")
+    add_autotune_picks_argument(p)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     # (kind, H, HV, D): Qwen3-Next, Kimi Linear, and KDA with fla's grouped value heads

@@ -50,7 +50,7 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 import _ops  # noqa: E402
-from _autotune import keep_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, keep_autotune_picks  # noqa: E402
 
 LIBS = ("ours", "fla", "sdpa")
 MODES = ("fwd", "fwdbwd")
@@ -512,9 +512,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="shorter do_bench (5 ms warm-up, 20 ms)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--fake", action="store_true", help="CPU stand-ins for every op: the plumbing only, no GPU")
-    p.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",
-                   help="keep fla-core's autotune picks in DIR: restored before the run, saved after it, so that a "
-                        "later run (another machine too) skips fla's minutes of autotuning at shapes DIR has seen")
+    add_autotune_picks_argument(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:

@@ -54,7 +54,7 @@ def test_cache_dir_follows_triton(monkeypatch, tmp_path):
     assert _autotune.triton_cache_dir() == Path.home() / ".triton" / "cache"
 
 
-def test_triton_reads_picks_where_they_are_restored():
+def test_triton_reads_picks_where_they_are_restored(monkeypatch, tmp_path):
     """Triton's autotuner looks a pick up as <cache dir>/<key>/<kernel>.autotune.json through its cache manager,
     and reads TRITON_CACHE_AUTOTUNING and TRITON_CACHE_DIR when it runs, not when it is imported: what
     keep_autotune_picks relies on."""
@@ -63,12 +63,7 @@ def test_triton_reads_picks_where_they_are_restored():
 
     source = inspect.getsource(Autotuner.check_disk_cache)
     assert "get_cache_manager(cache_key)" in source and '.autotune.json"' in source
-    old = os.environ.get("TRITON_CACHE_AUTOTUNING")
-    try:
-        os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
-        assert knobs.autotuning.cache
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_CACHE_AUTOTUNING")
-        else:
-            os.environ["TRITON_CACHE_AUTOTUNING"] = old
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert knobs.autotuning.cache
+    assert Path(knobs.cache.dir) == tmp_path
