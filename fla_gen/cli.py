@@ -239,13 +239,14 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
     print(f"\nat run time, q [{B}, {T}, {H}, {K}] on {sms} SMs ({algo.name}):")
     walks = B * H
     if algo.splits_sequences:
-        print(f"  sequences    {segments.describe_segment_split(B * nt, nt, B * H, H, V, sms)}")
-        chunks = segments.plan_segment_chunks(B * nt, nt, B * H, H, V, sms)
+        rule = algo.segment_rule
+        print(f"  sequences    {segments.describe_segment_split(B * nt, nt, B * H, H, K, V, sms, rule)}")
+        chunks = segments.plan_segment_chunks(B * nt, nt, B * H, H, K, V, sms, rule)
         if chunks:
             walks = B * launch.cdiv(nt, chunks) * H
             print(f"               {walks // H} segments of {chunks * plan.chunk_size} tokens")
     else:
-        print("  sequences    walked whole: this algorithm's transition over a segment is not a diagonal decay")
+        print("  sequences    walked whole: this algorithm does not split sequences into segments")
     stages = dict(plan.kernels)
     if "fwd_h" in stages:
         c = stages["fwd_h"]

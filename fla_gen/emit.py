@@ -416,6 +416,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "plans_name": "CHUNK_PLANS" if chunked else "RECURRENT_PLANS",
         "fwd_launcher": "chunk_fwd" if chunked else "fused_recurrent_fwd",
         "splits_sequences": algo.splits_sequences,
+        "segment_rule": repr(algo.segment_rule) if algo.splits_sequences else None,
         "bwd_launcher": "chunk_bwd" if chunked else "fused_recurrent_bwd",
         "launch_args": launch_args,
         "launch_values": launch_values,

@@ -69,6 +69,12 @@ SOURCES: dict[str, Source] = {
                              "least) until about two (segment, head) walks per SM: each segment's state from zero, "
                              "all at once; a scan over the segments (this kernel); then the walks from every "
                              "segment's entering state (fla_gen/runtime/segments.py)"),
+    "split-sequence-transition": Source(
+        "rule, at run time (the delta family): a long sequence splits into segments of whole chunks as the "
+        "algorithm's SegmentRule says: each segment's state from zero and its transition (the product of its "
+        "chunks' [K, K] transitions, a walk from the identity), all at once; a scan over the segments, "
+        "entry(s + 1) = M_s entry(s) + C_s in fp32 (this kernel); then the walk from every segment's entering "
+        "state (fla_gen/runtime/segments.py)"),
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
@@ -79,6 +85,10 @@ SOURCES: dict[str, Source] = {
     "bounded-rule": Source("rule (gate lower bound): the bounded plan's kernels take the warps and V tiles of the "
                            "measured target; not measured on this one"),
     # --------------------------------------------------------------------------- compile-time checks (fla-gen aot)
+    "aot-transition-scan-warps": Source("fla-gen aot: 8 warps for the delta family's segment_scan at head dim 128, "
+                                        "whose tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B "
+                                        "on sm90 (ptxas); 8 fit in 241 registers. Not at head dim 64, where 8 warps "
+                                        "lay the loop's dot out apart (an MMA->MMA conversion on sm90)"),
     "aot-wide-grads": Source("fla-gen aot: 8 warps for bwd_dqkvg at head dims 128 and 256: at 4 it spills ~156 B on "
                              "sm90 (ptxas); 8 fit in 193 registers. Not at head dim 64: there 8 warps lay its dots out "
                              "apart (3 MMA->MMA conversions on sm90)", _H100),
@@ -240,6 +250,16 @@ SOURCES: dict[str, Source] = {
         "simple_gla 0.332 -> 0.292 ms (1x16384) and 1.251 -> 1.075 (1x65536) at the rule's 16 and 61 chunks; "
         "2x8192x8x256 (linear_attn, 128 programs unsplit) 0.229 ms unsplit against 0.315-0.741 split. The split "
         "walk's kernels at 1x16384 (simple_gla): fwd_h from zero 0.061 ms, the scan 0.012, fwd_fused 0.204", _H100),
+    "h200-split-transition": Source(
+        "the delta family's sequence split by segment length on the H200 (bf16, benchmarks/segment_sweep.py: ours "
+        "alone, or beside fla-core, in one process per op and shape, 3 alternating rounds, worst round). With the "
+        "scan as one tf32x3 dot per segment on the whole [K, K] transition (8 warps), at 1x16384x16x128: the gated "
+        "delta rule 0.624 ms whole, 0.598 at 32 chunks per segment (8 segments), 0.690 at 29 (9 segments: one more "
+        "partial wave of walk programs), 0.642 at 16; KDA 1.204 whole, 1.152 at 32, 1.203 at 29, 1.169 at 16. With "
+        "the scan on column blocks of the transition (4 warps), at 1x65536: the delta rule 2.087 -> 1.700 ms at 128 "
+        "chunks (8 segments), the gated delta rule 2.397 -> 2.156, KDA 4.658 -> 4.286; the delta rule at 1x16384 "
+        "0.537 -> 0.481 at 32 chunks, 0.529 at 16, 0.626 at 8. As an fp32 FMA dot ('ieee') the scan took 1.28 ms "
+        "of a 1.84 ms forward (1x16384, 32 segments, torch.profiler)", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),

@@ -17,7 +17,7 @@ from fla_gen.canonical import Recurrence
 from fla_gen.features import Family, KernelFeatures, RankOne
 from fla_gen.ir import Apply, Node
 from fla_gen.measurements import SOURCES, explain, speaks_for
-from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, head_dim_bucket
+from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, SegmentRule, head_dim_bucket
 from fla_gen.tuned import FUSED_WALK, tuned_config
 
 
@@ -121,6 +121,27 @@ SMALL_GRID_SPLIT = ("split-walk", "h100-split-walk")
 SEGMENT_SPLIT = ("split-sequence", "h100-split-sequence")
 WHOLE_K_GRID_SPLIT = ("split-whole-k", "h100-split-whole-k")
 
+# When the state walks split long sequences (fla_gen/runtime/segments.py). The algorithms whose transition over
+# a segment is a diagonal decay (linear attention, scalar and per-channel gates): two walks and a scan of
+# elementwise products. Measured on the H100 (bf16, linear_attn's forward, fla_gen/measurements.py
+# h100-split-sequence): the split pays while the unsplit walks, at their narrowest tiles, make fewer programs than
+# half the SMs (1x16384x16x128: 64 programs, 0.301 -> 0.217 ms), not above (2x8192x8x256: 128 programs, 0.229 ms
+# unsplit, 0.233-0.741 split), and is fastest with about two (segment, head) walks per SM: 16 segments at H = 16
+# both at T = 16384 and at T = 65536 (1.168 -> 0.714 ms), against 0.265 / 0.750 ms with twice as many and 0.249 /
+# 0.727 with half. A segment has 4 chunks at least: shorter ones spend more on the scan and the extra walk than the
+# parallel walk saves.
+DIAGONAL_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4, source="h100-split-sequence")
+# The delta family: a segment's transition is a [K, K] matrix, from a walk of its own from the identity, so the
+# split forward walks three times where the diagonal families walk twice, and its scan multiplies by a [K, K]
+# matrix per segment, one segment after another. Measured on the H200 (bf16, benchmarks/segment_sweep.py,
+# fla_gen/measurements.py h200-split-transition): it gains only with one (segment, head) walk per SM, no more:
+# 8 segments at H = 16 (the gated delta rule at 1x16384x16x128 0.624 -> 0.598 ms at 32-chunk segments, but 0.690
+# at 29-chunk ones, 9 segments: the walks' programs then spill into one more wave) and long segments (0.642 at 16
+# chunks). Hence 8 segments of 32 chunks at least, or none: T >= 16384 at B = 1, H = 16. Its scan holds M_s in
+# registers: K <= 128.
+TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-transition",
+                               min_segments=8, max_key_dim=128)
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -132,9 +153,15 @@ class Algorithm:
     chunked: bool
     # A second plan table at this chunk size for calls that pass a gate lower bound (0: none).
     bounded_chunk_size: int = 0
-    # The state walks split long sequences into segments at run time (fla_gen/runtime/segments.py): the
-    # state transition over a stretch of tokens is a diagonal decay, so a scan joins the segments.
-    splits_sequences: bool = False
+    # The state walks split long sequences into segments at run time (fla_gen/runtime/segments.py) by this rule:
+    # a scan joins the segments, with each segment's transition (a diagonal decay, or the delta family's [K, K]
+    # matrix from a walk of its own). None: sequences are walked whole.
+    segment_rule: SegmentRule | None = None
+
+    @property
+    def splits_sequences(self) -> bool:
+        """Whether the launchers may split long sequences into segments (the plan has a segment_scan stage)."""
+        return self.segment_rule is not None
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
@@ -151,6 +178,12 @@ _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"
 _CUMSUM = KernelShape("cumsum", (), pipelined=False, gate_only=True)
 # The scan over sequence segments: one [BK, BV] fp32 state tile loaded and stored per segment, in order.
 _SEGMENT_SCAN = KernelShape("segment_scan", (), pipelined=False, small_grid_split=SEGMENT_SPLIT)
+# The delta family's scan: a [K, BV] fp32 state tile per program times each segment's whole [K, K] fp32 transition,
+# one tf32x3 dot: at head dim 128, 4 warps spill 428 B (sm90, fla-gen aot's ptxas) and 8 fit in 241 registers; at 64,
+# 8 warps lay the loop's dot out apart (an MMA->MMA conversion on sm90) and 4 do not.
+_TRANSITION_SCAN = KernelShape("segment_scan", (), pipelined=False,
+                               small_grid_split=("split-sequence-transition", TRANSITION_SPLIT.source),
+                               warps=tuple(ArchRule(a, 8, "aot-transition-scan-warps", (128, 256)) for a in ARCH_NAMES))
 
 # The per-channel bwd_dv stages whole-chunk [BT, BT] products and sub-chunk operands: the tile model
 # underestimates them, so the caps measured by fla-gen aot bound the stage search.
@@ -219,7 +252,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS, _SEGMENT_SCAN),
-                  chunked=True, splits_sequences=True),
+                  chunked=True, segment_rule=DIAGONAL_SPLIT),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
@@ -227,7 +260,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
                    _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
-                  chunked=True, splits_sequences=True),
+                  chunked=True, segment_rule=DIAGONAL_SPLIT),
         # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
         # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
         Algorithm("chunk_delta", "kernels/chunk_delta.jinja",
@@ -247,8 +280,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                                (("BT", "BT"), ("BT", "BT"))),
                    # 4 warps (the default): at 8, wgmma lays out bwd_wy's chained dots apart (MMA->MMA on sm90).
                    KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
-                               (("BT", "BT"), ("BT", "BT"), ("BT", "BT")))),
-                  chunked=True),
+                               (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
+                   _TRANSITION_SCAN),
+                  chunked=True, segment_rule=TRANSITION_SPLIT),
         # General rank-1 (DPLR): 16-token chunks whose pairwise decays are dots of exp factors where the
         # gates keep them finite (checked per K block at run time), else built entry by entry; the output
         # is fused into the sequential state walk (fwd_h). With a gate
@@ -304,8 +338,9 @@ _CHANNEL_DELTA = Algorithm(
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
      _CHANNEL_DELTA_DQK_INTRA,
      # dg from dL/dG (bwd_dqk_intra finishes dq and dk): [BT, BK] loads and a reverse cumsum, no dot
-     KernelShape("bwd_dqkg", (), pipelined=False)),
-    chunked=True)
+     KernelShape("bwd_dqkg", (), pipelined=False),
+     _TRANSITION_SCAN),
+    chunked=True, segment_rule=TRANSITION_SPLIT)
 # every algorithm by name, the per-channel delta kernels included (fla_gen/tuned.py keys them by name)
 ALGORITHMS[_CHANNEL_DELTA.name] = _CHANNEL_DELTA
 

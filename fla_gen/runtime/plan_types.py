@@ -46,6 +46,24 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class SegmentRule:
+    """When an algorithm's state walks split long sequences into segments (fla_gen/runtime/segments.py), and
+    how finely. The split is considered while the unsplit walks, at their narrowest tiles, make fewer programs
+    than ``below_sm_share`` of the SMs (0: never, unless a test or sweep forces it); it then makes at most
+    ``walks_per_sm`` (segment, head) walks per SM, of ``min_chunks`` chunks at least, and only where the longest
+    sequence gets ``min_segments`` of them. No split at a key head dim above ``max_key_dim``, not even a forced one
+    (the delta family's scan holds a [K, K] transition in registers). ``source``: the id of the measurement behind
+    it (fla_gen/measurements.py)."""
+
+    below_sm_share: float
+    walks_per_sm: float
+    min_chunks: int
+    source: str
+    min_segments: int = 2
+    max_key_dim: int = 256
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the planner decided for one (arch, dtype, head-dim bucket).
 

@@ -2,19 +2,23 @@
 
 The sequential kernels (the state walks fwd_h, fwd_fused, bwd_dh) run one program per (sequence, head, tile)
 over every chunk of the sequence. With few sequences and heads (B * H = 16 at B = 1) that grid leaves most SMs
-idle for the whole walk. A recurrence whose state transition over a stretch of tokens is a diagonal decay
-(linear attention, scalar and per-key-channel gates) splits each sequence into segments of whole chunks:
+idle for the whole walk. The launchers of an algorithm with a SegmentRule (fla_gen/plan.py) split each sequence
+into segments of whole chunks:
 
-1. each segment's state from a zero start, and its total log gate, all segments at once (the walk kernel in
-   segment mode, with no per-chunk stores);
-2. a scan over each sequence's segments: entering(s + 1) = exp(gate(s)) * entering(s) + local(s), started at
-   the initial state; the last one is the final state (the segment_scan kernel);
+1. each segment's state from a zero start, all segments at once (the walk kernel in segment mode, with no
+   per-chunk stores), and how a state crosses the segment: its total log gate where the transition is a
+   diagonal decay (linear attention, scalar and per-key-channel gates), or, in the delta family, its [K, K]
+   transition M_s, the product of its chunks' transitions (the same walk from the identity, with no values);
+2. a scan over each sequence's segments: entering(s + 1) = exp(gate(s)) * entering(s) + local(s), or
+   M_s entering(s) + local(s), started at the initial state; the last one is the final state (the
+   segment_scan kernel);
 3. the walk again, every segment from its entering state, writing what the call needs (outputs, or the
    per-chunk states), all segments at once.
 
-The backward runs the same three steps in reverse for the state gradient. Segments are whole chunks, so the
-chunk numbering (the per-chunk states h[chunk], the chunk-parallel kernels) is the unsplit call's: a segment
-is a packed sequence of the segment-mode walk, and only the walks see segments.
+The diagonal families' backward runs the same three steps in reverse for the state gradient; the delta family's
+recomputes its chunk states over the segments and walks the state gradient whole. Segments are whole chunks,
+so the chunk numbering (the per-chunk states h[chunk], the chunk-parallel kernels) is the unsplit call's: a
+segment is a packed sequence of the segment-mode walk, and only the walks see segments.
 
 Nothing here reads a tensor's values on the device: the tables come from shapes, or from the CPU copy of
 ``cu_seqlens`` that the chunk tables already need.
@@ -31,21 +35,12 @@ import numpy as np
 import torch
 
 from fla_gen.runtime.launch import cdiv, sm_count
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.varlen import int32_tables_on
 
-# A segment has at least this many chunks: shorter ones spend more on the scan and the extra walk than
-# the parallel walk saves.
-SEGMENT_MIN_CHUNKS = 4
 # The narrowest V tile a walk takes to make programs (launch.FUSED_WALK_MIN_BLOCK_V, launch.STATE_WALK_MIN_TILE):
 # one (sequence, head) walk is at most V / 32 programs.
 WALK_MIN_BLOCK_V = 32
-# Measured on the H100 (bf16, linear_attn's forward, fla_gen/measurements.py h100-split-sequence): the split
-# pays while the unsplit walks, at their narrowest tiles, make fewer programs than half the SMs (1x16384x16x128:
-# 64 programs, 0.301 -> 0.217 ms), not above (2x8192x8x256: 128 programs, 0.229 ms unsplit, 0.233-0.741 split),
-# and is fastest with about two (segment, head) walks per SM: 16 segments at H = 16 both at T = 16384 and
-# at T = 65536 (1.168 -> 0.714 ms), against 0.265 / 0.750 ms with twice as many and 0.249 / 0.727 with half.
-SPLIT_BELOW_SM_SHARE = 0.5
-SEGMENT_WALKS_PER_SM = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,43 +76,55 @@ def forced_segment_chunks(chunks: int) -> Iterator[None]:
         _forced_segment_chunks = previous
 
 
-def plan_segment_chunks(total_chunks: int, longest_chunks: int, walks: int, heads: int, V: int, sms: int) -> int:
+def plan_segment_chunks(total_chunks: int, longest_chunks: int, walks: int, heads: int, K: int, V: int, sms: int,
+                        rule: SegmentRule) -> int:
     """Chunks per segment for a call, or 0 to walk whole sequences.
 
     ``total_chunks``: chunks of all sequences; ``longest_chunks``: of the longest one; ``walks``: sequences
-    times heads (N * H); ``heads``: H; ``V``: the value head dim; ``sms``: the GPU's SM count (0 on the CPU:
-    no split). A walk makes at most V / WALK_MIN_BLOCK_V programs; while the walks make fewer than
-    SPLIT_BELOW_SM_SHARE * ``sms`` that way, the sequences split into equal segments, as many as give
-    SEGMENT_WALKS_PER_SM (segment, head) walks per SM over all sequences, of SEGMENT_MIN_CHUNKS chunks at
-    least, and only if the longest sequence then has two segments or more.
+    times heads (N * H, value heads); ``heads``: H; ``K``, ``V``: the key and value head dims; ``sms``: the GPU's
+    SM count (0 on the CPU: no split). A walk makes at most V / WALK_MIN_BLOCK_V programs; while the walks make
+    fewer than ``rule.below_sm_share * sms`` that way, the sequences split into equal segments, as many as give
+    at most ``rule.walks_per_sm`` (segment, head) walks per SM over all sequences, of ``rule.min_chunks`` chunks at
+    least, and only if the longest sequence then has ``rule.min_segments`` segments or more. Never above
+    ``rule.max_key_dim``, not even under ``forced_segment_chunks``.
     """
+    if K > rule.max_key_dim:
+        return 0
     if _forced_segment_chunks is not None:
         return _forced_segment_chunks if 0 < _forced_segment_chunks < longest_chunks else 0
-    if sms <= 0 or walks * cdiv(V, WALK_MIN_BLOCK_V) >= SPLIT_BELOW_SM_SHARE * sms:
+    if sms <= 0 or walks * cdiv(V, WALK_MIN_BLOCK_V) >= rule.below_sm_share * sms:
         return 0
-    segments = cdiv(int(SEGMENT_WALKS_PER_SM * sms), heads)
-    chunks = max(SEGMENT_MIN_CHUNKS, cdiv(total_chunks, segments))
-    return chunks if chunks < longest_chunks else 0
+    # at most walks_per_sm * sms (segment, head) walks: one segment more would add a partial wave of programs
+    segments = max(1, int(rule.walks_per_sm * sms) // heads)
+    chunks = max(rule.min_chunks, cdiv(total_chunks, segments))
+    return chunks if cdiv(longest_chunks, chunks) >= rule.min_segments else 0
 
 
-def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, heads: int, V: int, sms: int) -> str:
+def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, heads: int, K: int, V: int,
+                           sms: int, rule: SegmentRule) -> str:
     """Why plan_segment_chunks decides what it decides for these arguments, in one line (``fla-gen plan --call``)."""
-    chunks = plan_segment_chunks(total_chunks, longest_chunks, walks, heads, V, sms)
+    chunks = plan_segment_chunks(total_chunks, longest_chunks, walks, heads, K, V, sms, rule)
     programs = walks * cdiv(V, WALK_MIN_BLOCK_V)
+    share = rule.below_sm_share
+    if K > rule.max_key_dim:
+        return f"not split: key head dim {K} > {rule.max_key_dim}, the most this algorithm's scan holds"
     if _forced_segment_chunks is not None:
         why = f"forced to {_forced_segment_chunks} chunks per segment"
     elif sms <= 0:
         why = "no SM count (not a GPU)"
-    elif programs >= SPLIT_BELOW_SM_SHARE * sms:
+    elif share <= 0:
+        why = f"this algorithm's rule never splits ({rule.source})"
+    elif programs >= share * sms:
         why = (f"{walks} (sequence, head) walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs (V/{WALK_MIN_BLOCK_V}) "
-               f"make {programs} >= {SPLIT_BELOW_SM_SHARE:g} x {sms} SMs")
+               f"make {programs} >= {share:g} x {sms} SMs")
     else:
         why = (f"{walks} walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs make {programs} < "
-               f"{SPLIT_BELOW_SM_SHARE:g} x {sms} SMs; {SEGMENT_WALKS_PER_SM:g} (segment, head) walks per SM wanted, "
-               f"segments of {SEGMENT_MIN_CHUNKS} chunks at least")
+               f"{share:g} x {sms} SMs; at most {rule.walks_per_sm:g} (segment, head) walks per SM, "
+               f"segments of {rule.min_chunks} chunks at least, {rule.min_segments} of them at least")
     if not chunks:
-        return f"not split: {why}" + ("" if programs >= SPLIT_BELOW_SM_SHARE * sms or sms <= 0
-                                      else f", and the longest sequence ({longest_chunks} chunks) is too short")
+        too_short = _forced_segment_chunks is not None or (sms > 0 and share > 0 and programs < share * sms)
+        return f"not split: {why}" + (f", and the longest sequence ({longest_chunks} chunks) is too short"
+                                      if too_short else "")
     return f"split into segments of {chunks} chunks: {why}"
 
 
@@ -154,21 +161,22 @@ def _placeholder_tables(count: int, N: int, device: torch.device) -> SegmentTabl
     return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count)
 
 
-def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequences: int | None,
-                   bounds: torch.Tensor | None, device: torch.device,
+def segment_tables(B: int, T: int, H: int, K: int, V: int, chunk_size: int, num_sequences: int | None,
+                   bounds: torch.Tensor | None, device: torch.device, rule: SegmentRule,
                    shapes_only: bool = False) -> SegmentTables | None:
-    """The segments of a call over q [B, T, H, K] and v [B, T, H, V], or None when its sequences are walked whole.
+    """The segments of a call over k [B, T, *, K] and v [B, T, H, V] (H: the value heads the walks run over), or
+    None when its sequences are walked whole.
 
     ``num_sequences``: N of a packed batch (B == 1, ``cu_seqlens`` [N + 1]), None for a dense one;
     ``bounds``: the CPU copy of that ``cu_seqlens`` (validated; None only with ``shapes_only``). ``shapes_only``
     (tracing with fake tensors: no values): uninitialized tables of the call's segment count (a packed batch: the
     most segments it could have), which size scratch buffers only, and nothing cached. Dense tables are cached per
-    shape.
+    shape. ``rule``: the algorithm's (plan_segment_chunks).
     """
     sms = sm_count(device)
     if num_sequences is None:
         nt = cdiv(T, chunk_size)
-        chunks = plan_segment_chunks(B * nt, nt, B * H, H, V, sms)
+        chunks = plan_segment_chunks(B * nt, nt, B * H, H, K, V, sms, rule)
         if not chunks:
             return None
         if shapes_only:
@@ -177,10 +185,10 @@ def segment_tables(B: int, T: int, H: int, V: int, chunk_size: int, num_sequence
     N = num_sequences
     if shapes_only:
         nt = cdiv(T, chunk_size)
-        chunks = plan_segment_chunks(nt, nt, N * H, H, V, sms)
+        chunks = plan_segment_chunks(nt, nt, N * H, H, K, V, sms, rule)
         return _placeholder_tables(cdiv(nt, chunks) + N, N, device) if chunks else None
     values = bounds.numpy().astype(np.int64)
     seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
     longest = int(seq_chunks.max()) if N else 0
-    chunks = plan_segment_chunks(int(seq_chunks.sum()), longest, N * H, H, V, sms)
+    chunks = plan_segment_chunks(int(seq_chunks.sum()), longest, N * H, H, K, V, sms, rule)
     return _segment_tables_of(values, chunk_size, chunks, device) if chunks else None

@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from triton.runtime.jit import KernelInterface
 
 from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.segments import segment_tables
 from fla_gen.runtime.validate import check_cu_seqlens_values
 from fla_gen.runtime.varlen import prepare_chunk_indices
@@ -115,15 +116,17 @@ def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch
 
 
 def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
-                             chunk_size: int, q: torch.Tensor, V: int) -> tuple:
+                             chunk_size: int, q: torch.Tensor, v: torch.Tensor, rule: SegmentRule) -> tuple:
     """``chunk_tables`` plus the call's sequence segments (fla_gen.runtime.segments; None when its sequences
-    are walked whole), for the chunked ops whose state walks split long sequences. ``q``: [B, T, H, K]; ``V``:
-    the value head dim."""
-    B, T, H = q.shape[0], q.shape[1], q.shape[2]
+    are walked whole), for the chunked ops whose state walks split long sequences. ``q``: [B, T, HK, K];
+    ``v``: [B, T, H, V], H the value heads the walks run over; ``rule``: the algorithm's SegmentRule."""
+    B, T, H, V = v.shape
+    K = q.shape[-1]
     if cu_seqlens is None:
-        return None, None, segment_tables(B, T, H, V, chunk_size, None, None, q.device, shapes_only())
+        return None, None, segment_tables(B, T, H, K, V, chunk_size, None, None, v.device, rule, shapes_only())
     chunk_indices, chunk_offsets, bounds = _varlen_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
-    segments = segment_tables(B, T, H, V, chunk_size, cu_seqlens.shape[0] - 1, bounds, q.device, bounds is None)
+    segments = segment_tables(B, T, H, K, V, chunk_size, cu_seqlens.shape[0] - 1, bounds, v.device, rule,
+                              bounds is None)
     return chunk_indices, chunk_offsets, segments
 
 

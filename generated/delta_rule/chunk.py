@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/delta_rule.fla`.
 """chunk_delta_rule: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta (delta_rule_fwd_wu_kernel, delta_rule_fwd_h_kernel, delta_rule_fwd_o_kernel, delta_rule_fwd_fused_kernel, delta_rule_bwd_dh_kernel, delta_rule_bwd_dqk_kernel, delta_rule_bwd_wy_kernel).
+Kernels: chunk_delta (delta_rule_fwd_wu_kernel, delta_rule_fwd_h_kernel, delta_rule_fwd_o_kernel, delta_rule_fwd_fused_kernel, delta_rule_bwd_dh_kernel, delta_rule_bwd_dqk_kernel, delta_rule_bwd_wy_kernel, delta_rule_segment_scan_kernel).
 """
 
 import torch
@@ -12,11 +12,12 @@ import triton.language as tl
 from fla_gen.runtime import launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
     call_op,
-    chunk_tables,
+    chunk_and_segment_tables,
     define_op,
     forward_outputs,
 )
@@ -252,12 +253,18 @@ def delta_rule_fwd_h_kernel(
     BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
+    STORE_CHUNKS: tl.constexpr,
+    TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks of its sequence in order with the
     # [BK, BV] block of the state in fp32 registers. BK covers all of K: v_new = U - W h contracts over
     # the whole key dim before the state can be updated. Stores the state at the start of every chunk
-    # and v_new (input dtype: both feed tl.dot later).
+    # and v_new (input dtype: both feed tl.dot later), unless STORE_CHUNKS is off: a walk over sequence
+    # segments (fla_gen/runtime/segments.py) that wants only what leaves each segment.
+    # TRANSITION: the walk from the identity with U = 0 (V is K here), P' = M P per chunk with the chunk's
+    # transition M = I - (exp(G_L - G) K)^T W; its final state is the product of
+    # a segment's transitions, which carries a state across the segment in the scan.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -278,7 +285,10 @@ def delta_rule_fwd_h_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
 
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRANSITION:
+        b_h = tl.where((o_k[:, None] == o_v[None, :]) & m_kv, 1., 0.).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_t in range(0, NT):
@@ -291,15 +301,68 @@ def delta_rule_fwd_h_kernel(
         # alive, 64 more FADDs and 32 more conversions per thread per chunk at K = 256 and 238 vs 253
         # registers, and cost 0.345 vs 0.238 ms at 2x8192x8x256, 0.449 vs 0.266 at 1x16384x16x128 (H100,
         # same launch configs, same process; the experiment is in git history at 0a80dc0)
-        b_hb = b_h.to(h.dtype.element_ty)
-        tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
+        b_hb = b_h.to(w.dtype.element_ty)
+        if STORE_CHUNKS:
+            tl.store(h + ((boh + i_t) * H + i_h) * K * V + o_kv, b_hb, mask=m_kv)
         b_w = tl.load(w + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
-        tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
+        if TRANSITION:
+            b_vn = -tl.dot(b_w, b_hb)
+        else:
+            b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb)
+        if STORE_CHUNKS:
+            tl.store(v_new + o_tv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         b_kT = tl.load(k + t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
+
+
+@triton.jit
+def delta_rule_segment_scan_kernel(
+    seg_state,
+    seg_transition,
+    state_in,
+    seg_entry,
+    state_out,
+    first_segment,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_STATE_IN: tl.constexpr,
+    STORE_STATE_OUT: tl.constexpr,
+):
+    # One program per (V tile, sequence * head) carries the [K, BV] state tile across the segments of its
+    # sequence in fp32 registers, storing what enters each one. The product with each segment's [K, K]
+    # transition is one tf32x3 dot (three tf32 products: about fp32's precision, on the tensor cores): as an
+    # fp32 FMA dot ("ieee") the scan took 1.28 ms of a 1.84 ms forward at 1x16384x16x128 with 32 segments
+    # (H200, torch.profiler), against 0.13 ms. The whole [K, K] tile in registers needs 8 warps at K = 128
+    # (fla_gen/plan.py), and K <= 128 (the algorithm's SegmentRule).
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    o_kk = o_k[:, None] * K + o_k[None, :]
+    m_kk = m_k[:, None] & m_k[None, :]
+    s_first = tl.load(first_segment + i_n)
+    n_seg = tl.load(first_segment + i_n + 1) - s_first
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_STATE_IN:
+        b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_seg):
+        o_s = (s_first + i).to(tl.int64) * H + i_h
+        tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
+        b_m = tl.load(seg_transition + o_s * K * K + o_kk, mask=m_kk, other=0.0)
+        b_c = tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
+        b_s = tl.dot(b_m, b_s, b_c, input_precision="tf32x3")
+    if STORE_STATE_OUT:
+        tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -870,25 +933,17 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
     return w, u, Ai, dv_local, g_cum
 
 
-def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
-    """States at the start of every chunk, v_new = U - W h, and optionally the final state.
-
-    Returns:
-        h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
-        packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None.
-    """
-    B, T, H, K = k.shape
-    V = u.shape[-1]
-    BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = launch.num_chunks(T, BT, chunk_indices)
+def _launch_fwd_h(k, w, u, h, v_new, initial_state, final_state, cu_seqlens, chunk_offsets, walks, H, V, plan,
+                  transition=False):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments') of H
+    value heads: h [B, NT, H, K, V] and v_new [B, T, H, V] (both None: not stored), final_state [walks, H, K, V]
+    float32 or None. ``transition``: the walk from the identity with U = 0 (u None, V = K), whose final state
+    is the product of the chunks' transitions."""
+    K = k.shape[-1]
     cfg = plan.config("fwd_h")
     BK = launch.whole_dim_tile(K)
-    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
-    h = k.new_empty(B, NT, H, K, V)
-    v_new = torch.empty_like(u)
-    final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, walks * H, launch.split_sm_count(cfg, k.device))
+    delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), walks * H)](
         k,
         w,
         u,
@@ -898,23 +953,113 @@ def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indic
         final_state,
         cu_seqlens,
         chunk_offsets,
-        T,
+        k.shape[1],
         H=H,
         K=K,
         V=V,
-        BT=BT,
+        BT=plan.chunk_size,
         BK=BK,
         BV=BV,
         USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state,
+        STORE_FINAL_STATE=final_state is not None,
+        STORE_CHUNKS=h is not None,
+        TRANSITION=transition,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+
+
+
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, reverse, plan):
+    """What enters every segment, from each segment's walk from zero and its transition: the scan of
+    fla_gen/runtime/segments.py over each sequence's segments, in order (``reverse`` must be False: the
+    backward walks whole sequences).
+
+    Args:
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start
+        seg_transition: [S, H, K, K] float32, the product of each segment's chunk transitions
+        state_in: [N, H, K, V] float32, the initial state, or None
+        store_state_out: whether to return what leaves the last segment of each sequence
+
+    Returns:
+        seg_entry: [S, H, K, V] float32, the state entering each segment;
+        state_out: [N, H, K, V] float32 (the final state), or None.
+    """
+    assert not reverse, "the delta family's backward walks whole sequences"
+    S, H, K, V = seg_state.shape
+    cfg = plan.config("segment_scan")
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, seg_state.device))
+    seg_entry = torch.empty_like(seg_state)
+    state_out = seg_state.new_empty(N, H, K, V) if store_state_out else None
+    delta_rule_segment_scan_kernel[(launch.cdiv(V, BV), N * H)](
+        seg_state,
+        seg_transition,
+        state_in,
+        seg_entry,
+        state_out,
+        segments.first_segment,
+        H=H,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        USE_STATE_IN=state_in is not None,
+        STORE_STATE_OUT=store_state_out,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return seg_entry, state_out
+
+
+def _segment_entry_states(k, w, u, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero and its transition (the walk from the identity), all segments at once, then the scan over each
+    sequence's segments, entry(s + 1) = M_s entry(s) + C_s.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None; None (the diagonal
+        families' segment gate: a delta segment's transition is not kept).
+    """
+    K = k.shape[-1]
+    H, V = u.shape[-2:]
+    f32 = dict(device=k.device, dtype=torch.float32)
+    seg_state = torch.empty(segments.count, H, K, V, **f32)
+    _launch_fwd_h(k, w, u, None, None, None, seg_state, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, H, V, plan)
+    seg_transition = torch.empty(segments.count, H, K, K, **f32)
+    _launch_fwd_h(k, w, None, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, H, K, plan, transition=True)
+    seg_entry, final_state = _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N,
+                                           False, plan)
+    return seg_entry, final_state, None
+
+
+def _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+    """States at the start of every chunk, v_new = U - W h, and optionally the final state. With ``segments`` (fla_gen.runtime.segments.SegmentTables) the
+    walk runs over the call's sequence segments, from the states entering them (_segment_entry_states).
+
+    Returns:
+        h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
+        packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None.
+    """
+    B, T, H, K = k.shape
+    H, V = u.shape[-2:]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    h = k.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
+    v_new = torch.empty_like(u)
+    if segments is None:
+        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(k, w, u, h, v_new, initial_state, final_state, cu_seqlens, chunk_offsets, N, H, V, plan)
+        return h, v_new, final_state
+    seg_entry, final_state, _ = _segment_entry_states(k, w, u, initial_state, output_final_state, segments, N, plan)
+    _launch_fwd_h(k, w, u, h, v_new, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, H, V, plan)
     return h, v_new, final_state
 
 
-def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of the delta rule: fwd_wu, then fwd_fused (the state walk that
     also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
 
@@ -928,7 +1073,10 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_wu, fwd_fused or fwd_h and fwd_o; chunk_size 16, 32 or 64).
+        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None: the state walk
+            then runs over the segments, from the states entering them (a walk from zero and one from the
+            identity per segment, and a scan).
+        plan: the Plan (stages fwd_wu, fwd_fused or fwd_h and fwd_o; segment_scan; chunk_size 16, 32 or 64).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -940,14 +1088,18 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    walks = N
+    walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
-        walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
-        final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        walk_final_state = final_state
+        if segments is None:
+            walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+            walk_final_state = final_state
+        else:
+            walk_initial_state, final_state, _ = _segment_entry_states(k, w, u, initial_state, output_final_state, segments, N, plan)
+            walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
@@ -972,7 +1124,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    h, v_new, final_state = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1000,12 +1152,13 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     return o, final_state, ()
 
 
-def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked backward: 5 kernels (fwd_wu and fwd_h recompute W, U, Ai, the chunk states and v_new;
     then bwd_dh, bwd_dqk, bwd_wy).
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
-        None (gradient of the final state). Plan stages: fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy.
+        None (gradient of the final state). Plan stages: fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy; with segments
+        the recomputing fwd_h runs over them (and segment_scan), while bwd_dh walks whole sequences.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -1020,7 +1173,7 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
     w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan)
-    h, v_new, _ = _chunk_h(k, w, u, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    h, v_new, _ = _chunk_h(k, w, u, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del u
 
     cfg = plan.config("bwd_dh")
@@ -1124,16 +1277,19 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
 
 # ----------------------------------------------------------------------------- torch op
 
+# When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
+SEGMENT_RULE = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source='h200-split-transition', min_segments=8, max_key_dim=128)
+
 def _op_forward(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_delta_rule: pick the plan, build the varlen tables, launch.
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, beta, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1141,10 +1297,10 @@ def _op_forward(q, k, v, beta, scale, initial_state, output_final_state, cu_seql
 def _op_backward(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_delta_rule_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets = chunk_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, beta, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return backward_outputs(grads, (q, k, v, beta, initial_state))
 

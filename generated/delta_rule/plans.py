@@ -18,6 +18,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -27,6 +28,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -36,6 +38,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -45,6 +48,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -54,6 +58,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -63,6 +68,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 1, source="whole-k,aot-delta-dh-99k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -72,6 +78,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,aot-delta-dh-99k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -81,6 +88,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -90,6 +98,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -99,6 +108,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -108,6 +118,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -117,6 +128,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dh-128,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dqk-whole-k")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -126,6 +138,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 32, 4, 2, source="h100-delta-bwd-dh-256,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -135,6 +148,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -144,6 +158,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -153,6 +168,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -162,6 +178,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -171,6 +188,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -180,6 +198,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -189,6 +208,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

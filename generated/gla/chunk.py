@@ -12,6 +12,7 @@ import triton.language as tl
 from fla_gen.runtime import launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
@@ -569,6 +570,7 @@ def gla_bwd_dqkg_kernel(
     if USE_G:
         tl.store(dg + p_x + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
 
+
 @triton.jit
 def gla_segment_scan_kernel(
     seg_state,
@@ -640,6 +642,7 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return G
+
 
 
 def _segment_scan(seg_state, seg_gate, state_in, store_state_out, segments, N, reverse, plan):
@@ -925,13 +928,16 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
 # ----------------------------------------------------------------------------- torch op
 
+# When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
+SEGMENT_RULE = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4, source='h100-split-sequence', min_segments=2, max_key_dim=256)
+
 def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_gla: pick the plan, build the varlen tables, launch.
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, scale, initial_state, output_final_state,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
@@ -942,7 +948,7 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
 def _op_backward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

@@ -21,6 +21,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -33,6 +34,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -45,6 +47,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -57,6 +60,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -69,6 +73,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -81,6 +86,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -93,6 +99,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -105,6 +112,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -117,6 +125,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -129,6 +138,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(128, 64, 2, 1, source="h100-delta-channel-whole-k")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -141,6 +151,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -153,6 +164,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -165,6 +177,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -177,6 +190,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -189,6 +203,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -201,6 +216,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -213,6 +229,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -225,6 +242,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

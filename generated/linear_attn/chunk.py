@@ -12,6 +12,7 @@ import triton.language as tl
 from fla_gen.runtime import launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
@@ -428,6 +429,7 @@ def linear_attn_bwd_dqkvg_kernel(
         tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
+
 @triton.jit
 def linear_attn_segment_scan_kernel(
     seg_state,
@@ -471,6 +473,7 @@ def linear_attn_segment_scan_kernel(
         b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
     if STORE_STATE_OUT:
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
+
 
 
 def _segment_scan(seg_state, state_in, store_state_out, segments, N, reverse, plan):
@@ -848,13 +851,16 @@ def chunk_bwd(
 
 # ----------------------------------------------------------------------------- torch op
 
+# When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
+SEGMENT_RULE = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4, source='h100-split-sequence', min_segments=2, max_key_dim=256)
+
 def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_linear_attn: pick the plan, build the varlen tables, launch.
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, scale, initial_state, output_final_state,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
@@ -865,7 +871,7 @@ def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, c
 def _op_backward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_linear_attn_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

@@ -12,6 +12,7 @@ import triton.language as tl
 from fla_gen.runtime import launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
@@ -584,6 +585,7 @@ def simple_gla_bwd_dqkvg_kernel(
         tl.store(dg_gamma_chunk + i_hc * H + i_h + tl.arange(0, 1), b_dgamma)
 
 
+
 @triton.jit
 def simple_gla_segment_scan_kernel(
     seg_state,
@@ -666,6 +668,7 @@ def _chunk_cumsum(
         num_warps=cfg.num_warps,
     )
     return g_cum
+
 
 
 def _segment_scan(seg_state, seg_gate, state_in, store_state_out, segments, N, reverse, plan):
@@ -1083,13 +1086,16 @@ def chunk_bwd(
 
 # ----------------------------------------------------------------------------- torch op
 
+# When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
+SEGMENT_RULE = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4, source='h100-split-sequence', min_segments=2, max_key_dim=256)
+
 def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_simple_gla: pick the plan, build the varlen tables, launch.
 
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
@@ -1100,7 +1106,7 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
 def _op_backward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_simple_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v.shape[-1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, g_gamma, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

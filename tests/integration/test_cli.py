@@ -53,11 +53,17 @@ def test_plan_rejects_unknown_arch():
     # walks wanted over 256 chunks -> segments of 16 chunks, 16 of them
     ("simple_gla", "1x16384x16", ["split into segments of 16 chunks", "16 segments of 1024 tokens",
                                   "fwd_fused    taken"]),
-    ("gla", "1x65536x16", ["split into segments of 61 chunks", "17 segments of 3904 tokens", "not taken"]),
+    ("gla", "1x65536x16", ["split into segments of 64 chunks", "16 segments of 4096 tokens", "not taken"]),
     # 64 walks make 256 programs: no split
     ("linear_attn", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_fused    taken"]),
-    # the whole-K walk halves V only, while its programs fill at most half the SMs
-    ("gated_delta_rule", "1x16384x16", ["walked whole", "fwd_h        [128, 16] tiles: 128 programs"]),
+    # the delta family's rule: at most one (segment, head) walk per SM, 8 segments of 32 chunks; the fused forward
+    # walk then has programs enough
+    ("gated_delta_rule", "1x16384x16", ["split into segments of 32 chunks", "8 segments of 2048 tokens",
+                                        "fwd_fused    taken"]),
+    # 1x8192: 8 segments would be too short
+    ("gated_delta_rule", "1x8192x16", ["not split", "too short"]),
+    # 64 walks: whole; the whole-K walk halves V only, while its programs fill at most half the SMs
+    ("gated_delta_rule", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_h        [128, 64] tiles"]),
 ])
 def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
     assert main(["plan", str(REPO_ROOT / "specs" / f"{spec}.fla"), "--arch", "sm90", "--call", call]) == 0

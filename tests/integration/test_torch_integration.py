@@ -290,7 +290,7 @@ def test_an_unused_output_gets_no_zero_gradient(mode, eager, monkeypatch):
             assert relative_error(g1, g2) < 1e-6
 
 
-@pytest.mark.parametrize(("op", "varlen"), [("simple_gla", False), ("gla", True)])
+@pytest.mark.parametrize(("op", "varlen"), [("simple_gla", False), ("gla", True), ("gated_delta_rule", True)])
 def test_compile_over_sequence_segments_equals_eager(op, varlen):
     """With the sequences split into segments (fla_gen/runtime/segments.py), the compiled call traces the
     segment tables from shapes alone (fake tensors carry no values, and nothing fake is cached) and equals

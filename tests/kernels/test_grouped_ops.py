@@ -23,7 +23,7 @@ from fla_gen.check import check_spec
 from fla_gen.emit import emit_package
 from fla_gen.ir import Heads
 from fla_gen.parse import parse_spec
-from fla_gen.runtime import launch
+from fla_gen.runtime import launch, segments
 from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from fla_gen.verify import TOLERANCE, compare_with_reference
@@ -49,17 +49,16 @@ def _check(result):
     assert {"dq", "dk", "dv", "dg", "dbeta", "dinitial_state"} <= set(result.errors)
 
 
-def _gdn_case(mode: str, B: int, T: int, cu_seqlens: list[int] | None, seed: int):
-    x = sample_inputs(recurrence("gated_delta_rule"), B, T, H, K, V, torch.float32, seed=seed, HV=HV)
-    assert x["q"].shape[2] == H and x["v"].shape[2] == HV and x["g"].shape == (B, T, HV)
+def _gdn_case(mode: str, B: int, T: int, cu_seqlens: list[int] | None, seed: int, op: str = "gated_delta_rule"):
+    x = sample_inputs(recurrence(op), B, T, H, K, V, torch.float32, seed=seed, HV=HV)
+    assert x["q"].shape[2] == H and x["v"].shape[2] == HV and x["g"].shape[:3] == (B, T, HV)
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     torch.manual_seed(seed)
     inputs = {**x, "initial_state": torch.randn(N, HV, K, V)}
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
-    pkg = generated("gated_delta_rule")
-    return compare_with_reference(getattr(pkg, f"{mode}_gated_delta_rule"), pkg.gated_delta_rule_reference, inputs,
-                                  torch.float32, name=f"{mode}_gated_delta_rule", guard=poisoned_allocations,
-                                  cu_seqlens=cu)
+    pkg = generated(op)
+    return compare_with_reference(getattr(pkg, f"{mode}_{op}"), getattr(pkg, f"{op}_reference"), inputs,
+                                  torch.float32, name=f"{mode}_{op}", guard=poisoned_allocations, cu_seqlens=cu)
 
 
 # The chunked op gets sequences over one 64-token chunk, so states cross chunk boundaries.
@@ -71,6 +70,22 @@ def test_gated_delta_rule_grouped(mode, T):
 @pytest.mark.parametrize(("mode", "cu_seqlens"), [("chunk", [0, 13, 13, 84]), ("fused_recurrent", [0, 7, 7, 26])])
 def test_gated_delta_rule_grouped_varlen(mode, cu_seqlens):
     _check(_gdn_case(mode, 1, cu_seqlens[-1], cu_seqlens, seed=12))
+
+
+# A dense batch of two is walked as packed segments: the walks find each token's group-major w row from the
+# segment's batch (bos // T), not from the program's sequence index.
+@pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
+@pytest.mark.parametrize(("op", "B", "T", "cu_seqlens"), [
+    ("gated_delta_rule", 2, 200, None),
+    ("gated_delta_rule", 1, 300, [0, 50, 50, 300]),
+    ("kda", 2, 200, None),
+    ("kda", 1, 300, [0, 50, 50, 300]),
+])
+def test_grouped_chunk_op_over_segments(op, B, T, cu_seqlens, many_sms):
+    """The grouped chunk ops with their sequences split into one-chunk segments (fla_gen/runtime/segments.py)
+    match the float64 reference: outputs, final state and every gradient."""
+    with segments.forced_segment_chunks(1), launch.forced_sm_count(1000 if many_sms else 0):
+        _check(_gdn_case("chunk", B, T, cu_seqlens, seed=14, op=op))
 
 
 def test_grouped_spec_with_hv_equal_h_runs_ungrouped():

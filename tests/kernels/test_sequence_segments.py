@@ -7,16 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fla_gen.plan import DIAGONAL_SPLIT, TRANSITION_SPLIT
 from fla_gen.runtime import launch, segments
 from tests.support import compare_chunk_op, generated
 
 
 @pytest.mark.parametrize(("total", "longest", "walks", "heads", "V", "sms", "expected"), [
     # 1x16384x16x128 on the H100: 16 walks of at most 4 programs (V / 32) is 64 < 66 (half the SMs);
-    # 264 (segment, head) walks wanted -> 17 segments of 16 chunks
+    # at most 264 (segment, head) walks -> 16 segments of 16 chunks
     (256, 256, 16, 16, 128, 132, 16),
-    # 1x131072: the same 17 segments, longer ones
-    (2048, 2048, 16, 16, 128, 132, 121),
+    # 1x131072: the same 16 segments, longer ones
+    (2048, 2048, 16, 16, 128, 132, 128),
     # 4x4096x16x128: 64 walks make 256 programs: no split
     (256, 64, 64, 16, 128, 132, 0),
     # 2x8192x8x256: 16 walks of 8 programs, 128 >= 66: no split
@@ -28,15 +29,15 @@ from tests.support import compare_chunk_op, generated
     (256, 256, 16, 16, 128, 0, 0),
 ])
 def test_plan_segment_chunks(total, longest, walks, heads, V, sms, expected):
-    assert segments.plan_segment_chunks(total, longest, walks, heads, V, sms) == expected
+    assert segments.plan_segment_chunks(total, longest, walks, heads, V, V, sms, DIAGONAL_SPLIT) == expected
 
 
 def test_forced_segment_chunks_is_scoped():
     with segments.forced_segment_chunks(2):
-        assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 0) == 2
+        assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 64, 0, DIAGONAL_SPLIT) == 2
         # a sequence of at most 2 chunks is not split
-        assert segments.plan_segment_chunks(2, 2, 1, 1, 64, 0) == 0
-    assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 0) == 0
+        assert segments.plan_segment_chunks(2, 2, 1, 1, 64, 64, 0, DIAGONAL_SPLIT) == 0
+    assert segments.plan_segment_chunks(10, 10, 1, 1, 64, 64, 0, DIAGONAL_SPLIT) == 0
     with pytest.raises(ValueError, match="chunks must be >= 0"), segments.forced_segment_chunks(-1):
         pass
 
@@ -48,14 +49,15 @@ def _as_lists(t: segments.SegmentTables) -> tuple[list[int], list[int], list[int
 def test_dense_segment_tables():
     """B = 2, T = 200 at 64-token chunks (4 per sequence, the last one partial), 2 chunks per segment."""
     with segments.forced_segment_chunks(2):
-        t = segments.segment_tables(2, 200, 3, 32, 64, None, None, torch.device("cpu"))
+        t = segments.segment_tables(2, 200, 3, 32, 32, 64, None, None, torch.device("cpu"), DIAGONAL_SPLIT)
     assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8], [0, 2, 4], 4)
 
 
 def test_varlen_segment_tables():
     """Sequences of 50, 0 and 250 tokens: one segment, none, and two (chunks 1-2 and 3-4 of the batch)."""
     with segments.forced_segment_chunks(2):
-        t = segments.segment_tables(1, 300, 3, 32, 64, 3, torch.tensor([0, 50, 50, 300]), torch.device("cpu"))
+        t = segments.segment_tables(1, 300, 3, 32, 32, 64, 3, torch.tensor([0, 50, 50, 300]), torch.device("cpu"),
+                                    DIAGONAL_SPLIT)
     assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5], [0, 1, 1, 3], 3)
 
 
@@ -70,19 +72,51 @@ class _CountingKernel:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
-@pytest.mark.parametrize(("package", "cu_seqlens", "chunks"), [
-    ("linear_attn", None, 1),
-    ("linear_attn", [0, 50, 50, 300], 2),
-    ("simple_gla", None, 2),
-    ("simple_gla", [0, 50, 50, 300], 1),
-    ("gla", None, 2),
-    ("gla", [0, 50, 50, 300], 1),
+@pytest.mark.parametrize(("total", "walks", "K", "sms", "expected"), [
+    # 1x16384x16x128 on 132 SMs: 64 programs < 66; at most one (segment, head) walk per SM -> 8 segments of 32 chunks
+    (256, 16, 128, 132, 32),
+    # 1x65536: 8 segments of 128 chunks
+    (1024, 16, 128, 132, 128),
+    # 1x8192: 8 segments would have 16 chunks, fewer than 32: whole
+    (128, 16, 128, 132, 0),
+    # 2x16384x16: 32 walks make 128 programs >= 66: whole
+    (512, 32, 128, 132, 0),
+    # head dim 256: the scan's [K, K] transition does not fit: whole
+    (256, 16, 256, 132, 0),
 ])
-def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_sms):
+def test_transition_split_rule(total, walks, K, sms, expected):
+    """The delta family's rule (fla_gen/plan.py TRANSITION_SPLIT): at most one (segment, head) walk per SM, 8
+    segments of 32 chunks at least or none, and never above head dim 128, not even forced."""
+    longest = total // (walks // 16)
+    assert segments.plan_segment_chunks(total, longest, walks, 16, K, K, sms, TRANSITION_SPLIT) == expected
+    with segments.forced_segment_chunks(2):
+        assert segments.plan_segment_chunks(total, longest, walks, 16, 256, 256, sms, TRANSITION_SPLIT) == 0
+        assert "key head dim 256 > 128" in segments.describe_segment_split(total, longest, walks, 16, 256, 256, sms,
+                                                                           TRANSITION_SPLIT)
+
+
+# The diagonal families' backward scans twice (the states again, then their gradients); the delta family's once
+# (its backward recomputes the states over the segments, and walks the state gradient whole).
+@pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
+@pytest.mark.parametrize(("package", "cu_seqlens", "chunks", "scans"), [
+    ("linear_attn", None, 1, 3),
+    ("linear_attn", [0, 50, 50, 300], 2, 3),
+    ("simple_gla", None, 2, 3),
+    ("simple_gla", [0, 50, 50, 300], 1, 3),
+    ("gla", None, 2, 3),
+    ("gla", [0, 50, 50, 300], 1, 3),
+    ("delta_rule", None, 1, 2),
+    ("delta_rule", [0, 50, 50, 300], 2, 2),
+    ("gated_delta_rule", None, 2, 2),
+    ("gated_delta_rule", [0, 50, 50, 300], 1, 2),
+    ("kda", None, 1, 2),
+    ("kda", [0, 50, 50, 300], 2, 2),
+    ("gated_delta_rule_rope", None, 2, 2),
+])
+def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, scans, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
-    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran in both
-    directions."""
+    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran as often as
+    the algorithm's forward and backward need it."""
     module = generated(package).chunk
     name = f"{package}_segment_scan_kernel"
     scan = _CountingKernel(getattr(module, name))
@@ -91,5 +125,4 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_s
     with segments.forced_segment_chunks(chunks), launch.forced_sm_count(1000 if many_sms else 0):
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens)
     assert not result.failures(), result.errors
-    # the forward's scan, then the backward's two (the states again, and their gradients)
-    assert scan.launches == 3
+    assert scan.launches == scans
