@@ -9,7 +9,8 @@ import torch
 
 from fla_gen.plan import DIAGONAL_SPLIT, TRANSITION_SPLIT
 from fla_gen.runtime import launch, segments
-from tests.support import compare_chunk_op, generated
+from fla_gen.sample import relative_error, sample_inputs
+from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
 
 
 @pytest.mark.parametrize(("total", "longest", "walks", "heads", "V", "sms", "expected"), [
@@ -126,3 +127,24 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, scans,
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens)
     assert not result.failures(), result.errors
     assert scan.launches == scans
+
+
+@pytest.mark.parametrize("package", ["gated_delta_rule", "kda"])
+def test_delta_split_without_states(package):
+    """The call the benchmarks time, no initial state and no final state, split into one-chunk segments: the scan
+    then starts from zero and stores nothing at the end. o and every input's gradient against the float64
+    reference, outputs poisoned first."""
+    pkg = generated(package)
+    x = sample_inputs(recurrence(package), 2, 200, 2, 32, 32, torch.float32, seed=21)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    ref_leaves = {n: t.double().requires_grad_(True) for n, t in x.items()}
+    with segments.forced_segment_chunks(1), launch.forced_sm_count(1000), poisoned_allocations():
+        o, ht = getattr(pkg, f"chunk_{package}")(*leaves.values())
+        assert ht is None
+        do = torch.randn_like(o)
+        grads = torch.autograd.grad((o * do).sum(), list(leaves.values()))
+    o_ref, _ = getattr(pkg, f"{package}_reference")(*ref_leaves.values())
+    grads_ref = torch.autograd.grad((o_ref * do.double()).sum(), list(ref_leaves.values()))
+    assert relative_error(o, o_ref) < 1e-5
+    for name, g, g_ref in zip(leaves, grads, grads_ref, strict=True):
+        assert relative_error(g, g_ref) < 1e-4, name
