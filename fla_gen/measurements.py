@@ -58,6 +58,8 @@ SOURCES: dict[str, Source] = {
         "switched off, KDA's step is 5% slower on one warp; a rope inline spills 1.2 KB on one warp "
         "(gated_delta_rule_rope, fla-gen aot, sm90)"),
     "elementwise": Source("rule: an elementwise pass, nothing to pipeline"),
+    "scan-loop": Source("rule: a scan whose every step's dot takes the last step's result: nothing to pipeline; "
+                        "the launcher sizes its tiles from the head dims"),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
@@ -69,7 +71,7 @@ SOURCES: dict[str, Source] = {
                              "least) until about two (segment, head) walks per SM: each segment's state from zero, "
                              "all at once; a scan over the segments (this kernel); then the walks from every "
                              "segment's entering state (fla_gen/runtime/segments.py)"),
-    "split-sequence-transition": Source(
+    "split-delta": Source(
         "rule, at run time (the delta family): a long sequence splits into segments of whole chunks as the "
         "algorithm's SegmentRule says: each segment's state from zero and its transition (the product of its "
         "chunks' [K, K] transitions, a walk from the identity), all at once; a scan over the segments, "
@@ -85,10 +87,10 @@ SOURCES: dict[str, Source] = {
     "bounded-rule": Source("rule (gate lower bound): the bounded plan's kernels take the warps and V tiles of the "
                            "measured target; not measured on this one"),
     # --------------------------------------------------------------------------- compile-time checks (fla-gen aot)
-    "aot-transition-scan-warps": Source("fla-gen aot: 8 warps for the delta family's segment_scan at head dim 128, "
-                                        "whose tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B "
-                                        "on sm90 (ptxas); 8 fit in 241 registers. Not at head dim 64, where 8 warps "
-                                        "lay the loop's dot out apart (an MMA->MMA conversion on sm90)"),
+    "aot-scan-warps": Source("fla-gen aot: 8 warps for the delta family's segment_scan at head dim 128, whose "
+                             "tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B on sm90 "
+                             "(ptxas); 8 fit in 241 registers. Not at head dim 64, where 8 warps lay the loop's dot "
+                             "out apart (an MMA->MMA conversion on sm90)"),
     "aot-wide-grads": Source("fla-gen aot: 8 warps for bwd_dqkvg at head dims 128 and 256: at 4 it spills ~156 B on "
                              "sm90 (ptxas); 8 fit in 193 registers. Not at head dim 64: there 8 warps lay its dots out "
                              "apart (3 MMA->MMA conversions on sm90)", _H100),
@@ -250,7 +252,7 @@ SOURCES: dict[str, Source] = {
         "simple_gla 0.332 -> 0.292 ms (1x16384) and 1.251 -> 1.075 (1x65536) at the rule's 16 and 61 chunks; "
         "2x8192x8x256 (linear_attn, 128 programs unsplit) 0.229 ms unsplit against 0.315-0.741 split. The split "
         "walk's kernels at 1x16384 (simple_gla): fwd_h from zero 0.061 ms, the scan 0.012, fwd_fused 0.204", _H100),
-    "h200-split-transition": Source(
+    "h200-split-delta": Source(
         "the delta family's sequence split by segment length on the H200 (bf16, benchmarks/segment_sweep.py: ours "
         "alone, or beside fla-core, in one process per op and shape, 3 alternating rounds, worst round). With the "
         "scan as one tf32x3 dot per segment on the whole [K, K] transition (8 warps), at 1x16384x16x128: the gated "

@@ -101,6 +101,9 @@ class KernelShape:
     # Builds [BT, BT, BK] tiles of pairwise decays entry by entry where the gates are strong (no dot,
     # nothing to pipeline), else [BT, BK] factor tiles for small dots: 16-wide K blocks either way.
     pair_tiles: bool = False
+    # A scan whose every step's dot takes the last step's result (not pipelined): its tiles are the whole
+    # head dims, as the launcher sizes them.
+    serial_dots: bool = False
     # Per-arch warps and V tile for the bounded-gate plan (Algorithm.bounded_chunk_size).
     bounded: tuple[BoundedRule, ...] = ()
     # One program per BC-token sub-chunk ("BC" in tiles): its dots have M = BC = 16 rows, so they run
@@ -134,12 +137,12 @@ DIAGONAL_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4,
 # The delta family: a segment's transition is a [K, K] matrix, from a walk of its own from the identity, so the
 # split forward walks three times where the diagonal families walk twice, and its scan multiplies by a [K, K]
 # matrix per segment, one segment after another. Measured on the H200 (bf16, benchmarks/segment_sweep.py,
-# fla_gen/measurements.py h200-split-transition): it gains only with one (segment, head) walk per SM, no more:
+# fla_gen/measurements.py h200-split-delta): it gains only with one (segment, head) walk per SM, no more:
 # 8 segments at H = 16 (the gated delta rule at 1x16384x16x128 0.624 -> 0.598 ms at 32-chunk segments, but 0.690
 # at 29-chunk ones, 9 segments: the walks' programs then spill into one more wave) and long segments (0.642 at 16
 # chunks). Hence 8 segments of 32 chunks at least, or none: T >= 16384 at B = 1, H = 16. Its scan holds M_s in
 # registers: K <= 128.
-TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-transition",
+TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-delta",
                                min_segments=8, max_key_dim=128)
 
 
@@ -181,9 +184,9 @@ _SEGMENT_SCAN = KernelShape("segment_scan", (), pipelined=False, small_grid_spli
 # The delta family's scan: a [K, BV] fp32 state tile per program times each segment's whole [K, K] fp32 transition,
 # one tf32x3 dot: at head dim 128, 4 warps spill 428 B (sm90, fla-gen aot's ptxas) and 8 fit in 241 registers; at 64,
 # 8 warps lay the loop's dot out apart (an MMA->MMA conversion on sm90) and 4 do not.
-_TRANSITION_SCAN = KernelShape("segment_scan", (), pipelined=False,
-                               small_grid_split=("split-sequence-transition", TRANSITION_SPLIT.source),
-                               warps=tuple(ArchRule(a, 8, "aot-transition-scan-warps", (128, 256)) for a in ARCH_NAMES))
+_TRANSITION_SCAN = KernelShape("segment_scan", (), pipelined=False, serial_dots=True,
+                               small_grid_split=("split-delta", TRANSITION_SPLIT.source),
+                               warps=tuple(ArchRule(a, 8, "aot-scan-warps", (128, 256)) for a in ARCH_NAMES))
 
 # The per-channel bwd_dv stages whole-chunk [BT, BT] products and sub-chunk operands: the tile model
 # underestimates them, so the caps measured by fla-gen aot bound the stage search.
@@ -542,6 +545,9 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
             return _config(head_dim, bv, warps, 1, ["recurrent"],
                            f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per state "
                            f"element stay under 128 per thread (no spills); more programs in flight")
+        if shape.serial_dots:
+            return _config(block, block, warps, 1, ["scan-loop", warps_src],
+                           f"a loop of dots, each on the last one's result: nothing to pipeline; {warps_why}")
         return _config(block, block, warps, 1, ["elementwise"], "elementwise pass, nothing to pipeline")
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)

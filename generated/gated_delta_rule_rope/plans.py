@@ -18,7 +18,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -28,7 +28,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -38,7 +38,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -48,7 +48,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -58,7 +58,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -68,7 +68,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 1, source="whole-k,aot-delta-dh-99k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -78,7 +78,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,aot-delta-dh-99k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -88,7 +88,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -98,7 +98,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -108,7 +108,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -118,7 +118,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -128,7 +128,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dh-128,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(128, 64, 4, 3, source="h100-delta-bwd-dqk-whole-k")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
@@ -138,7 +138,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 32, 4, 2, source="h100-delta-bwd-dh-256,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -148,7 +148,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -158,7 +158,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -168,7 +168,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -178,7 +178,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -188,7 +188,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -198,7 +198,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -208,7 +208,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("bwd_dqk", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.

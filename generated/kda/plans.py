@@ -21,7 +21,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -34,7 +34,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -47,7 +47,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 3, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -60,7 +60,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -73,7 +73,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -86,7 +86,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -99,7 +99,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 8, 1, source="tiles,aot-channel-delta-wy-warps")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -112,7 +112,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -125,7 +125,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -138,7 +138,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(128, 64, 2, 1, source="h100-delta-channel-whole-k")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -151,7 +151,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -164,7 +164,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -177,7 +177,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition,h200-split-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -190,7 +190,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -203,7 +203,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -216,7 +216,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -229,7 +229,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
@@ -242,7 +242,7 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
         ("bwd_dqkg", LaunchConfig(64, 64, 4, 1, source="elementwise")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="elementwise,split-sequence-transition")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
 }
 # sm89 rows: the sm86 rows but for the arch.
