@@ -59,7 +59,7 @@ SOURCES: dict[str, Source] = {
         "(gated_delta_rule_rope, fla-gen aot, sm90)"),
     "elementwise": Source("rule: an elementwise pass, nothing to pipeline"),
     "scan-loop": Source("rule: a scan whose every step's dot takes the last step's result: nothing to pipeline; "
-                        "the launcher sizes its tiles from the head dims"),
+                        "the whole key head dim in one tile, the V tile narrowed by the launcher on small grids"),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
@@ -75,8 +75,8 @@ SOURCES: dict[str, Source] = {
         "rule, at run time (the delta family): a long sequence splits into segments of whole chunks as the "
         "algorithm's SegmentRule says: each segment's state from zero and its transition (the product of its "
         "chunks' [K, K] transitions, a walk from the identity), all at once; a scan over the segments, "
-        "entry(s + 1) = M_s entry(s) + C_s in fp32 (this kernel); then the walk from every segment's entering "
-        "state (fla_gen/runtime/segments.py)"),
+        "entry(s + 1) = M_s entry(s) + C_s, the state in fp32 and the product a tf32x3 dot (this kernel); then the "
+        "walk from every segment's entering state (fla_gen/runtime/segments.py)"),
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),

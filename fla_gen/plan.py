@@ -101,8 +101,8 @@ class KernelShape:
     # Builds [BT, BT, BK] tiles of pairwise decays entry by entry where the gates are strong (no dot,
     # nothing to pipeline), else [BT, BK] factor tiles for small dots: 16-wide K blocks either way.
     pair_tiles: bool = False
-    # A scan whose every step's dot takes the last step's result (not pipelined): its tiles are the whole
-    # head dims, as the launcher sizes them.
+    # A scan whose every step's dot takes the last step's result (not pipelined): its K tile is the whole key
+    # head dim and its V tile the plan's, narrowed by the launcher while the grid is small.
     serial_dots: bool = False
     # Per-arch warps and V tile for the bounded-gate plan (Algorithm.bounded_chunk_size).
     bounded: tuple[BoundedRule, ...] = ()
@@ -140,7 +140,8 @@ DIAGONAL_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4,
 # fla_gen/measurements.py h200-split-delta): it gains only with one (segment, head) walk per SM, no more:
 # 8 segments at H = 16 (the gated delta rule at 1x16384x16x128 0.624 -> 0.598 ms at 32-chunk segments, but 0.690
 # at 29-chunk ones, 9 segments: the walks' programs then spill into one more wave) and long segments (0.642 at 16
-# chunks). Hence 8 segments of 32 chunks at least, or none: T >= 16384 at B = 1, H = 16. Its scan holds M_s in
+# chunks). Hence 8 segments of 32 chunks at least, or none: on 132 SMs at B = 1, H = 16, from 225 chunks (the
+# last segment may be short); with fewer than 128 SMs, 16 walks are not below half of them. Its scan holds M_s in
 # registers: K <= 128.
 TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-delta",
                                min_segments=8, max_key_dim=128)

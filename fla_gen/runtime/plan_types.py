@@ -60,7 +60,7 @@ class SegmentRule:
     min_chunks: int
     source: str
     min_segments: int = 2
-    max_key_dim: int = 256
+    max_key_dim: int = 256  # the largest head dim the planner takes: no limit of its own
 
 
 @dataclass(frozen=True)

@@ -1367,8 +1367,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None: the state walk
-            then runs over the segments, from the states entering them.
+        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
+            sequences. With segments the state walk runs over them, from the states entering them.
         plan: the Plan (stages cumsum, fwd_A, fwd_wu, fwd_h, fwd_o; segment_scan; chunk_size 16, 32 or 64).
 
     Returns:
