@@ -160,3 +160,14 @@ def spy_on_launch(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(launch, name, spy)
     return picked
+
+
+def assert_usage_error_before_cuda(script: Path, args: list[str], named: str) -> None:
+    """``python script *args`` exits 2 with argparse's ``error: <named>`` and makes no CUDA call first (the
+    benchmarks check their arguments before touching the GPU, so a typo costs no device time)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: {named}" in proc.stderr
+    assert "CUDA" not in proc.stderr

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import assert_usage_error_before_cuda
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_models.py"
 
@@ -19,7 +19,4 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_models.py"
     (["--only", "gdn,mamba"], "--only"),
 ])
 def test_bad_arguments_are_usage_errors(args, named):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert f"error: {named}" in proc.stderr
-    assert "CUDA" not in proc.stderr
+    assert_usage_error_before_cuda(SCRIPT, args, named)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import assert_usage_error_before_cuda
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPT = BENCHMARKS / "segment_sweep.py"
 
@@ -20,10 +22,7 @@ SCRIPT = BENCHMARKS / "segment_sweep.py"
     (["--shapes", "1x16384"], "--shapes"),
 ])
 def test_bad_arguments_are_usage_errors(args, named):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert f"error: {named}" in proc.stderr
-    assert "CUDA" not in proc.stderr
+    assert_usage_error_before_cuda(SCRIPT, args, named)
 
 
 def test_rule_chunks_come_from_the_generated_package_without_the_compiler():
