@@ -53,7 +53,8 @@ def chunk_op(kernels, dtype):
         def forward(ctx, q, k, v, g, beta, h0, cu_seqlens):
             ci, co = chunk_tables("chunk_kda", cu_seqlens, None, plan.chunk_size, q.shape[1])
             scale = q.shape[-1] ** -0.5
-            o, ht, _ = module.chunk_fwd(q, k, v, g, beta, scale, h0, True, cu_seqlens, ci, co, plan)
+            # segments None: sequences walked whole (test_sequence_segments.py splits them)
+            o, ht, _ = module.chunk_fwd(q, k, v, g, beta, scale, h0, True, cu_seqlens, ci, co, None, plan)
             ctx.save_for_backward(q, k, v, g, beta, h0)
             ctx.tables = (cu_seqlens, ci, co, scale)
             return o, ht
@@ -63,7 +64,7 @@ def chunk_op(kernels, dtype):
             cu_seqlens, ci, co, scale = ctx.tables
             q, k, v, g, beta, h0 = ctx.saved_tensors
             grads = module.chunk_bwd(q, k, v, g, beta, (), scale, h0, do.contiguous(), dht.contiguous(), cu_seqlens,
-                                     ci, co, plan)
+                                     ci, co, None, plan)
             return (*grads, None)
 
     def op(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None):
