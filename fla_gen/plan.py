@@ -121,7 +121,6 @@ class KernelShape:
 
 
 SMALL_GRID_SPLIT = ("split-walk", "h100-split-walk")
-SEGMENT_SPLIT = ("split-sequence", "h100-split-sequence")
 WHOLE_K_GRID_SPLIT = ("split-whole-k", "h100-split-whole-k")
 
 # When the state walks split long sequences (fla_gen/runtime/segments.py). The algorithms whose transition over
@@ -134,6 +133,7 @@ WHOLE_K_GRID_SPLIT = ("split-whole-k", "h100-split-whole-k")
 # 0.727 with half. A segment has 4 chunks at least: shorter ones spend more on the scan and the extra walk than the
 # parallel walk saves.
 DIAGONAL_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=4, source="h100-split-sequence")
+SEGMENT_SPLIT = ("split-sequence", DIAGONAL_SPLIT.source)
 # The delta family: a segment's transition is a [K, K] matrix, from a walk of its own from the identity, so the
 # split forward walks three times where the diagonal families walk twice, and its scan multiplies by a [K, K]
 # matrix per segment, one segment after another. Measured on the H200 (bf16, benchmarks/segment_sweep.py,

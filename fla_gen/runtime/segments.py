@@ -112,8 +112,6 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
         why = f"forced to {_forced_segment_chunks} chunks per segment"
     elif sms <= 0:
         why = "no SM count (not a GPU)"
-    elif share <= 0:
-        why = f"this algorithm's rule never splits ({rule.source})"
     elif programs >= share * sms:
         why = (f"{walks} (sequence, head) walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs (V/{WALK_MIN_BLOCK_V}) "
                f"make {programs} >= {share:g} x {sms} SMs")
@@ -122,7 +120,7 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
                f"{share:g} x {sms} SMs; at most {rule.walks_per_sm:g} (segment, head) walks per SM, "
                f"segments of {rule.min_chunks} chunks at least, {rule.min_segments} of them at least")
     if not chunks:
-        too_short = _forced_segment_chunks is not None or (sms > 0 and share > 0 and programs < share * sms)
+        too_short = _forced_segment_chunks is not None or (sms > 0 and programs < share * sms)
         return f"not split: {why}" + (f", and the longest sequence ({longest_chunks} chunks) is too short"
                                       if too_short else "")
     return f"split into segments of {chunks} chunks: {why}"

@@ -971,10 +971,10 @@ def _launch_fwd_h(k, w, u, h, v_new, initial_state, final_state, cu_seqlens, chu
 
 
 
-def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, reverse, plan):
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, plan):
     """What enters every segment, from each segment's walk from zero and its transition: the scan of
-    fla_gen/runtime/segments.py over each sequence's segments, in order (``reverse`` must be False: the
-    backward walks whole sequences).
+    fla_gen/runtime/segments.py over each sequence's segments, in order (forward only: the backward walks
+    the state gradient over whole sequences).
 
     Args:
         seg_state: [S, H, K, V] float32, each segment's state from a zero start
@@ -986,7 +986,6 @@ def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments
         seg_entry: [S, H, K, V] float32, the state entering each segment;
         state_out: [N, H, K, V] float32 (the final state), or None.
     """
-    assert not reverse, "the delta family's backward walks whole sequences"
     S, H, K, V = seg_state.shape
     cfg = plan.config("segment_scan")
     BK = launch.whole_dim_tile(K)
@@ -1032,7 +1031,7 @@ def _segment_entry_states(k, w, u, initial_state, output_final_state, segments, 
     _launch_fwd_h(k, w, None, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, K, plan, transition=True)
     seg_entry, final_state = _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N,
-                                           False, plan)
+                                           plan)
     return seg_entry, final_state, None
 
 

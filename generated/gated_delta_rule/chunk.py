@@ -1145,10 +1145,10 @@ def _launch_fwd_h(k, w, u, g_cum, h, v_new, initial_state, final_state, cu_seqle
 
 
 
-def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, reverse, plan):
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, plan):
     """What enters every segment, from each segment's walk from zero and its transition: the scan of
-    fla_gen/runtime/segments.py over each sequence's segments, in order (``reverse`` must be False: the
-    backward walks whole sequences).
+    fla_gen/runtime/segments.py over each sequence's segments, in order (forward only: the backward walks
+    the state gradient over whole sequences).
 
     Args:
         seg_state: [S, H, K, V] float32, each segment's state from a zero start
@@ -1160,7 +1160,6 @@ def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments
         seg_entry: [S, H, K, V] float32, the state entering each segment;
         state_out: [N, H, K, V] float32 (the final state), or None.
     """
-    assert not reverse, "the delta family's backward walks whole sequences"
     S, H, K, V = seg_state.shape
     cfg = plan.config("segment_scan")
     BK = launch.whole_dim_tile(K)
@@ -1206,7 +1205,7 @@ def _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, seg
     _launch_fwd_h(k, w, None, g_cum, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, K, plan, transition=True)
     seg_entry, final_state = _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N,
-                                           False, plan)
+                                           plan)
     return seg_entry, final_state, None
 
 
