@@ -48,6 +48,14 @@ def keep_autotune_picks(picks: Path) -> int:
     return copy_picks(picks, cache)
 
 
+def use_autotune_picks(picks: Path | None, prefix: str = "") -> None:
+    """``keep_autotune_picks(picks)`` when ``--autotune-picks`` was given (``picks`` not None), saying how many
+    picks it restored (``prefix`` starts the line)."""
+    if picks:
+        restored = keep_autotune_picks(picks)
+        print(f"{prefix}{restored} fla autotune picks restored from {picks}", flush=True)
+
+
 def add_autotune_picks_argument(parser: argparse.ArgumentParser) -> None:
     """``--autotune-picks DIR`` (a Path, default None), the same option in every benchmark that runs fla-core."""
     parser.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",

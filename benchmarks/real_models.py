@@ -39,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _autotune import add_autotune_picks_argument, keep_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -254,9 +254,7 @@ def main() -> int:
     cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
     short = [rng.randint(64, 256) for _ in range(4)]
     cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
-    if a.autotune_picks:
-        restored = keep_autotune_picks(a.autotune_picks)
-        print(f"{restored} fla autotune picks restored from {a.autotune_picks}", flush=True)
+    use_autotune_picks(a.autotune_picks)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 

@@ -50,7 +50,7 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 import _ops  # noqa: E402
-from _autotune import add_autotune_picks_argument, keep_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
 
 LIBS = ("ours", "fla", "sdpa")
 MODES = ("fwd", "fwdbwd")
@@ -539,9 +539,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    if args.autotune_picks:
-        restored = keep_autotune_picks(args.autotune_picks)
-        print(f"[run] {restored} fla autotune picks restored from {args.autotune_picks}", flush=True)
+    use_autotune_picks(args.autotune_picks, "[run] ")
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = args.out / "shapes"
     workdir.mkdir(exist_ok=True)

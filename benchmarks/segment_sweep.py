@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _autotune import add_autotune_picks_argument, keep_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
 from _ops import (  # noqa: E402
     OPS,
     interleaved_times,
@@ -43,18 +43,22 @@ from _ops import (  # noqa: E402
 )
 
 
-def _rule_chunks(op_name: str, shape, chunk_size: int) -> int:
-    """The segment length the op's own rule picks for a dense call of ``shape`` on this GPU (0: whole walk), read
-    from the generated package (the device needs no compiler)."""
+def _rule_chunks(op_name: str, shape, dtype: torch.dtype) -> int:
+    """The segment length the op's own rule picks for a dense call of ``shape`` in ``dtype`` on this GPU (0: whole
+    walk), read from the generated package (its SEGMENT_RULE, and its plan's chunk size: the device needs no
+    compiler)."""
     from fla_gen.runtime import launch, segments
+    from fla_gen.runtime.dispatch import select_plan
 
     pkg = next(p for p in OPS[op_name].packages or (op_name,) if importlib.util.find_spec(f"generated.{p}"))
-    rule = getattr(importlib.import_module(f"generated.{pkg}.chunk"), "SEGMENT_RULE", None)
+    module = importlib.import_module(f"generated.{pkg}.chunk")
+    rule = getattr(module, "SEGMENT_RULE", None)
     if rule is None:
         return 0
     B, T, H, K, V = shape
-    nt = launch.cdiv(T, chunk_size)
-    return segments.plan_segment_chunks(B * nt, nt, B * H, H, K, V, launch.sm_count(torch.device("cuda")), rule)
+    device = torch.device("cuda")
+    nt = launch.cdiv(T, select_plan(module.CHUNK_PLANS, device, dtype, max(K, V)).chunk_size)
+    return segments.plan_segment_chunks(B * nt, nt, B * H, H, K, V, launch.sm_count(device), rule)
 
 
 def sweep(op_name: str, shape, chunk_settings: list[int], rounds: int, quick: bool, backward: bool,
@@ -84,7 +88,8 @@ def sweep(op_name: str, shape, chunk_settings: list[int], rounds: int, quick: bo
 
         return forward if kind == "fwd" else forward_backward
 
-    out: dict = {"op": op_name, "shape": "x".join(map(str, shape)), "rule_chunks": _rule_chunks(op_name, shape, 64)}
+    out: dict = {"op": op_name, "shape": "x".join(map(str, shape)),
+                 "rule_chunks": _rule_chunks(op_name, shape, torch.bfloat16)}
     names = [*chunk_settings, *(["fla"] if with_fla else [])]
     for kind in ("fwd", "fwdbwd") if backward else ("fwd",):
         failed: set = set()
@@ -170,9 +175,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("segment_sweep.py times kernels on a GPU: no CUDA device here", file=sys.stderr)
         return 2
-    if a.autotune_picks:
-        restored = keep_autotune_picks(a.autotune_picks)
-        print(f"{restored} fla autotune picks restored from {a.autotune_picks}", flush=True)
+    use_autotune_picks(a.autotune_picks)
     results = []
     for op_name in ops:
         for shape in shapes:
