@@ -277,8 +277,9 @@ def main() -> int:
         for seed, (name, B, T, offsets, N, gradients) in enumerate(checks):
             report[f"{key}_{name}"] = correctness(kind, make(kind, B, T, H, HV, D, seed=seed, gate_in_kernel=gate),
                                                   offsets, N, gradients, check_libs)
+            # one line per check as it finishes: a later check that hangs in fla's autotune loses none of them
+            print(json.dumps({f"{key}_{name}": report[f"{key}_{name}"]}), flush=True)
         torch.cuda.empty_cache()
-        print(json.dumps({k: v for k, v in report.items() if k.startswith(key)}), flush=True)
         for B, T in () if a.decode_only else ((b, a.T) for b in batches):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(
                 kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick)
