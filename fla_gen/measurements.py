@@ -257,11 +257,15 @@ SOURCES: dict[str, Source] = {
         "alone, or beside fla-core, in one process per op and shape, 3 alternating rounds, worst round). With the "
         "scan as one tf32x3 dot per segment on the whole [K, K] transition (8 warps), at 1x16384x16x128: the gated "
         "delta rule 0.624 ms whole, 0.598 at 32 chunks per segment (8 segments), 0.690 at 29 (9 segments: one more "
-        "partial wave of walk programs), 0.642 at 16; KDA 1.204 whole, 1.152 at 32, 1.203 at 29, 1.169 at 16. With "
-        "the scan on column blocks of the transition (4 warps), at 1x65536: the delta rule 2.087 -> 1.700 ms at 128 "
-        "chunks (8 segments), the gated delta rule 2.397 -> 2.156, KDA 4.658 -> 4.286; the delta rule at 1x16384 "
-        "0.537 -> 0.481 at 32 chunks, 0.529 at 16, 0.626 at 8. As an fp32 FMA dot ('ieee') the scan took 1.28 ms "
-        "of a 1.84 ms forward (1x16384, 32 segments, torch.profiler)", _H100),
+        "partial wave of walk programs), 0.642 at 16; KDA 1.204 whole, 1.152 at 32, 1.203 at 29, 1.169 at 16; the "
+        "delta rule 0.537-0.538 whole, 0.481-0.482 at 32. With the same scan, 8 segments, the worst round's "
+        "whole/split: at 1x65536 (128 chunks) the delta rule 1.216 (2.087-2.092 -> 1.705-1.721 ms), the gated delta "
+        "rule 1.106 (2.387-2.399 -> 2.152-2.160), KDA 1.084 (4.646-4.654 -> 4.286-4.292); at 1x131072 (256 chunks) "
+        "the delta rule 1.237 (4.154-4.198 -> 3.357-3.394), the gated delta rule 1.120 (4.735-4.758 -> 4.223-4.245), "
+        "KDA 1.091 (9.254-9.269 -> 8.469-8.480). With the scan on column blocks of the transition (4 warps): at "
+        "1x65536 the delta rule 2.087 -> 1.700 ms, the gated delta rule 2.397 -> 2.156, KDA 4.658 -> 4.286; the "
+        "delta rule at 1x16384 0.537 -> 0.481 at 32 chunks, 0.529 at 16, 0.626 at 8. As an fp32 FMA dot ('ieee') the "
+        "scan took 1.28 ms of a 1.84 ms forward (1x16384, 32 segments, torch.profiler)", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),
