@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -219,15 +221,26 @@ _REGISTERED: dict[str, tuple[str, Callable]] = {}
 _EAGER_AUTOGRAD: dict[Callable, type[torch.autograd.Function]] = {}
 
 
+def build_hash(namespace: dict, spec_hash: str) -> str:
+    """16 hex digits naming the build of a generated module: the sha256 of its source file (``__file__`` in its
+    ``namespace``), or ``spec_hash`` where there is no readable file."""
+    try:
+        return hashlib.sha256(Path(namespace["__file__"]).read_bytes()).hexdigest()[:16]
+    except (KeyError, TypeError, OSError):
+        return spec_hash[:16]
+
+
 def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature,
               forward: str = "_op_forward", backward: str = "_op_backward") -> Callable:
     """Register ``fla_gen::<name>`` (forward) and ``fla_gen::<name>_backward`` and return the forward op.
 
     Args:
         name: the public function's name, e.g. ``chunk_gla``.
-        spec_hash: the spec's hash; a second package built from the same spec (the same op imported
-            from another directory) reuses the registered op, one from a different spec is registered
-            as ``<name>_<hash>`` (an op name cannot be registered twice in a process).
+        spec_hash: the spec's hash, which stands for the build where the module's file cannot be read. A
+            second package of the same build (the same generated file, imported from another directory)
+            reuses the registered op; any other build is registered as ``<name>_<build hash>`` (an op name
+            cannot be registered twice in a process). The build, not the spec: two builds of one spec by
+            different compilers (an A/B of a kernel change in one process) must each run their own code.
         namespace: the generated module's ``globals()``.
         signature: the launcher's tensors (``q, k, v, ...``).
         forward: name of ``f(*tensors, scale, initial_state, output_final_state, cu_seqlens,
@@ -240,11 +253,12 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
         ``[o, final_state or an empty placeholder, *saved]`` and is differentiable in the tensors
         and ``initial_state``.
     """
+    build = build_hash(namespace, spec_hash)
     known = _REGISTERED.get(name)
     if known is not None:
-        if known[0] == spec_hash:
+        if known[0] == build:
             return known[1]
-        name = f"{name}_{spec_hash[:16]}"
+        name = f"{name}_{build}"
         if name in _REGISTERED:
             return _REGISTERED[name][1]
     n = len(signature.tensors)
@@ -310,5 +324,5 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
 
     _EAGER_AUTOGRAD[fwd] = type(f"{name}_eager", (torch.autograd.Function,), {
         "forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)})
-    _REGISTERED[name] = (spec_hash, fwd)
+    _REGISTERED[name] = (build, fwd)
     return fwd

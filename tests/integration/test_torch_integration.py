@@ -10,6 +10,10 @@ compiles a layer with inductor to prove that path too.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,3 +325,33 @@ def test_compile_over_sequence_segments_equals_eager(op, varlen):
     assert relative_error(got, eager) < 1e-6
     for g, e in zip(got_grads, eager_grads, strict=True):
         assert relative_error(g, e) < 1e-6
+
+
+def _import_copy(src: Path, root: Path, name: str, edit=None):
+    """generated/<src> copied to root/name (``edit`` rewrites its chunk.py) and imported as ``name``."""
+    shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    if edit is not None:
+        chunk = root / name / "chunk.py"
+        chunk.write_text(edit(chunk.read_text()))
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_two_builds_of_one_spec_each_run_their_own_code(tmp_path):
+    # A package from the same spec but another build (here: its forward doubles o) is an A/B of a compiler
+    # change in one process; it must not run the first-imported build's op, which had the same spec hash.
+    src = Path(__file__).resolve().parents[2] / "generated" / "linear_attn"
+    same = _import_copy(src, tmp_path, "linear_attn_same_build")
+    other = _import_copy(src, tmp_path, "linear_attn_other_build", lambda text: text.replace(
+        "def _op_forward(", "def _op_forward(*args):\n    o, *rest = _op_forward_shipped(*args)\n"
+        "    return (2 * o, *rest)\n\n\ndef _op_forward_shipped(", 1))
+    # inputs that take gradients: the call goes through the registered op's autograd (no grad: each module's
+    # own forward, whatever is registered)
+    q, k, v = (torch.randn(1, 32, 2, 16, requires_grad=True) for _ in range(3))
+    o = generated("linear_attn").chunk_linear_attn(q, k, v)[0]
+    assert same.chunk._chunk_linear_attn_op is generated("linear_attn").chunk._chunk_linear_attn_op
+    assert torch.equal(same.chunk_linear_attn(q, k, v)[0], o)
+    assert relative_error(other.chunk_linear_attn(q, k, v)[0], 2 * o) < 1e-6
