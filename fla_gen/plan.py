@@ -265,11 +265,10 @@ ALGORITHMS: dict[str, Algorithm] = {
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
                    _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
                   chunked=True, segment_rule=DIAGONAL_SPLIT),
-        # Delta family (WY / UT transform): fwd_solve builds (I + A)^-1 by forward substitution on 16x16 blocks
-        # merged with dots, fwd_wu W and U from it; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
+        # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
+        # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
         Algorithm("chunk_delta", "kernels/chunk_delta.jinja",
-                  (KernelShape("fwd_solve", (("BT", "BK"), ("BK", "BT"))),
-                   KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
+                  (KernelShape("fwd_wu", (("BT", "BK"), ("BK", "BT"), ("BT", "BV"), ("BT", "BV")),
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
                    KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
                                small_grid_split=WHOLE_K_GRID_SPLIT),

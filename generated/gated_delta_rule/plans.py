@@ -11,7 +11,6 @@ from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_arch_plans_as, s
 # chunk_delta: the chunked kernels
 CHUNK_PLANS = {
     ("sm80", "bf16", 64): Plan("sm80", "bf16", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -22,7 +21,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -33,7 +31,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -44,7 +41,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -55,7 +51,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -66,8 +61,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -77,8 +71,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -88,7 +81,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -99,7 +91,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -110,7 +101,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -121,7 +111,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -132,7 +121,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
         ("fwd_h", LaunchConfig(128, 64, 4, 3, source="h100-delta-fwd-h-128,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -143,7 +131,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
         ("fwd_h", LaunchConfig(256, 32, 4, 3, source="h100-delta-fwd-h-256,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -154,7 +141,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -165,7 +151,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -176,7 +161,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -187,7 +171,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -198,7 +181,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -209,7 +191,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -220,7 +201,6 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
