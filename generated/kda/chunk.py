@@ -259,11 +259,11 @@ def kda_bwd_dqk_intra_kernel(
         o_xb = o_b[:, None] * (H * K) + o_k[None, :]
         ko_xb = o_b[:, None] * (HK * K) + o_k[None, :]
         b_kg = (tl.load(k_c + ko_xb, mask=m_bk, other=0.).to(tl.float32) *
-                tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
+                tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf")))).to(k.dtype.element_ty)
         o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
         m_dA = m_r[:, None] & (o_b[None, :] <= o_r[:, None])
-        b_dq += tl.dot(tl.load(dAqk_c + o_dA, mask=m_dA, other=0.), b_kg, input_precision=DOT_PRECISION)
-        b_dkr += tl.dot(tl.load(dAkk_c + o_dA, mask=m_dA, other=0.), b_kg, input_precision=DOT_PRECISION)
+        b_dq += tl.dot(tl.load(dAqk_c + o_dA, mask=m_dA, other=0.).to(k.dtype.element_ty), b_kg, input_precision=DOT_PRECISION)
+        b_dkr += tl.dot(tl.load(dAkk_c + o_dA, mask=m_dA, other=0.).to(k.dtype.element_ty), b_kg, input_precision=DOT_PRECISION)
     b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
     b_dq = b_dq * b_egn
     b_dkr = b_dkr * b_egn
@@ -281,13 +281,13 @@ def kda_bwd_dqk_intra_kernel(
         o_xa = o_a[:, None] * (H * K) + o_k[None, :]
         ko_xa = o_a[:, None] * (HK * K) + o_k[None, :]
         b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
-        b_qg = (tl.load(q_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
-        b_kg = (tl.load(k_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
+        b_qg = (tl.load(q_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega).to(k.dtype.element_ty)
+        b_kg = (tl.load(k_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega).to(k.dtype.element_ty)
         # dA^T [BC, BC], read transposed through the offsets
         o_dAt = o_a[None, :] * (H * BT) + o_r[:, None]
         m_dAt = m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None])
-        b_dkc += tl.dot(tl.load(dAqk_c + o_dAt, mask=m_dAt, other=0.), b_qg, input_precision=DOT_PRECISION)
-        b_dkc += tl.dot(tl.load(dAkk_c + o_dAt, mask=m_dAt, other=0.), b_kg, input_precision=DOT_PRECISION)
+        b_dkc += tl.dot(tl.load(dAqk_c + o_dAt, mask=m_dAt, other=0.).to(k.dtype.element_ty), b_qg, input_precision=DOT_PRECISION)
+        b_dkc += tl.dot(tl.load(dAkk_c + o_dAt, mask=m_dAt, other=0.).to(k.dtype.element_ty), b_kg, input_precision=DOT_PRECISION)
     b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
