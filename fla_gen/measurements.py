@@ -80,6 +80,10 @@ SOURCES: dict[str, Source] = {
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
+    "split-dplr-untimed": Source(
+        "rule (DPLR, RWKV-7): the split of the delta family (split-delta) is built for these ops but not measured "
+        "on a GPU, so a call never splits by itself; forced_segment_chunks (tests, benchmarks/segment_sweep.py "
+        "--chunks) splits it"),
     "fused-walk-unmeasured": Source("rule: fwd_fused is never taken on this target (not measured here; on the "
                                     "mma.sync targets its tiles spill 24-400 B, fla-gen aot): fwd_h + fwd_o"),
     "fused-walk-no-fit": Source("rule: fwd_fused is never taken: even [K, 16] tiles at 2 stages do not fit the "

@@ -145,6 +145,11 @@ SEGMENT_SPLIT = ("split-sequence", DIAGONAL_SPLIT.source)
 # registers: K <= 128.
 TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-delta",
                                min_segments=8, max_key_dim=128)
+# DPLR and RWKV-7: their chunk map is affine too, S' = M S + C with M = exp(G_L) + bg^T W, so they split as the
+# delta family does (its scan kernel). Not measured on a GPU: the rule never splits by itself (below_sm_share 0);
+# tests and benchmarks/segment_sweep.py force it (forced_segment_chunks). Otherwise the delta family's bounds.
+DPLR_SPLIT = SegmentRule(below_sm_share=0.0, walks_per_sm=1.0, min_chunks=32, source="split-dplr-untimed",
+                         min_segments=8, max_key_dim=128)
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ _SEGMENT_SCAN = KernelShape("segment_scan", (), pipelined=False, small_grid_spli
 _TRANSITION_SCAN = KernelShape("segment_scan", (), pipelined=False, serial_dots=True,
                                small_grid_split=("split-delta", TRANSITION_SPLIT.source),
                                warps=tuple(ArchRule(a, 8, "aot-scan-warps", (128, 256)) for a in ARCH_NAMES))
+_DPLR_TRANSITION_SCAN = replace(_TRANSITION_SCAN, small_grid_split=("split-delta", DPLR_SPLIT.source))
 
 # The per-channel bwd_dv stages whole-chunk [BT, BT] products and sub-chunk operands: the tile model
 # underestimates them, so the caps measured by fla-gen aot bound the stage search.
@@ -301,8 +307,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                    KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
                                           ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS,
                                bounded=_DPLR_BOUNDED_DA),
-                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK)),
-                  chunked=True, bounded_chunk_size=32),
+                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK),
+                   _DPLR_TRANSITION_SCAN),
+                  chunked=True, bounded_chunk_size=32, segment_rule=DPLR_SPLIT),
         # One token-by-token template for every recurrence, switched by its features (fla_gen.features).
         Algorithm("fused_recurrent", "kernels/fused_recurrent.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),

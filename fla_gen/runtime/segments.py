@@ -112,6 +112,8 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
         why = f"forced to {_forced_segment_chunks} chunks per segment"
     elif sms <= 0:
         why = "no SM count (not a GPU)"
+    elif share == 0:
+        why = f"this algorithm's rule ({rule.source}) never splits a call by itself; forced_segment_chunks does"
     elif programs >= share * sms:
         why = (f"{walks} (sequence, head) walks of at most {cdiv(V, WALK_MIN_BLOCK_V)} programs (V/{WALK_MIN_BLOCK_V}) "
                f"make {programs} >= {share:g} x {sms} SMs")

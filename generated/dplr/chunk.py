@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/dplr.fla`.
 """chunk_dplr_delta_rule: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_dplr (dplr_delta_rule_fwd_intra_kernel, dplr_delta_rule_fwd_h_kernel, dplr_delta_rule_bwd_dh_kernel, dplr_delta_rule_bwd_dv_kernel, dplr_delta_rule_bwd_dA_kernel, dplr_delta_rule_bwd_dqk_kernel).
+Kernels: chunk_dplr (dplr_delta_rule_fwd_intra_kernel, dplr_delta_rule_fwd_h_kernel, dplr_delta_rule_bwd_dh_kernel, dplr_delta_rule_bwd_dv_kernel, dplr_delta_rule_bwd_dA_kernel, dplr_delta_rule_bwd_dqk_kernel, dplr_delta_rule_segment_scan_kernel).
 """
 
 import torch
@@ -12,11 +12,12 @@ import triton.language as tl
 from fla_gen.runtime import launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
+from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.torch_op import (
     OpSignature,
     backward_outputs,
     call_op,
-    chunk_tables,
+    chunk_and_segment_tables,
     define_op,
     forward_outputs,
 )
@@ -228,13 +229,18 @@ def dplr_delta_rule_fwd_h_kernel(
     STORE_STATES: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
+    TRANSITION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks of its sequence in order with the
     # [BK, BV] block of the state in fp32 registers; BK covers all of K (U = W S0 contracts over it).
     # Per chunk: U = W S0 + M V; o = qg S0 + A_qb U + A_qk V (forward); S = exp(G_L) S0 + bg^T U + kg^T V.
-    # With STORE_STATES (backward) the chunk-start states and U are stored instead of o.
+    # With STORE_STATES (backward) the chunk-start states and U are stored instead of o; with neither, a walk
+    # over sequence segments (fla_gen/runtime/segments.py) that wants only what leaves each segment.
+    # TRANSITION: the walk from the identity with V = 0 (the tile's V is K here), P' = M P per chunk with the
+    # chunk's transition M = diag(exp(G_L)) + bg^T W; its final state is the product of a segment's
+    # transitions, which carries a state across the segment in the scan.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -255,7 +261,10 @@ def dplr_delta_rule_fwd_h_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
 
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRANSITION:
+        b_h = tl.where((o_k[:, None] == o_v[None, :]) & m_kv, 1., 0.).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_t in range(0, NT):
@@ -269,12 +278,14 @@ def dplr_delta_rule_fwd_h_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
         m_tt = m_t[:, None] & (o_i < BT)[None, :]
-        b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
+        if not TRANSITION:
+            b_v = tl.load(v + o_tv, mask=m_tv, other=0.)
         b_w = tl.load(w + o_tk, mask=m_tk, other=0.)
         b_S0 = b_h.to(b_w.dtype)
         b_u = tl.dot(b_w, b_S0, input_precision=DOT_PRECISION)
-        b_u = tl.dot(tl.load(Mm + o_tt, mask=m_tt, other=0.), b_v, b_u, input_precision=DOT_PRECISION)
-        b_uc = b_u.to(b_v.dtype)
+        if not TRANSITION:
+            b_u = tl.dot(tl.load(Mm + o_tt, mask=m_tt, other=0.), b_v, b_u, input_precision=DOT_PRECISION)
+        b_uc = b_u.to(b_w.dtype)
         if STORE_STATES:
             tl.store(u + o_tv, b_uc, mask=m_tv)
         if STORE_O:
@@ -289,9 +300,58 @@ def dplr_delta_rule_fwd_h_kernel(
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
         m_kt = m_k[:, None] & m_t[None, :]
         b_h = tl.dot(tl.load(bg + o_kt, mask=m_kt, other=0.), b_uc, b_h, input_precision=DOT_PRECISION)
-        b_h = tl.dot(tl.load(kg + o_kt, mask=m_kt, other=0.), b_v, b_h, input_precision=DOT_PRECISION)
+        if not TRANSITION:
+            b_h = tl.dot(tl.load(kg + o_kt, mask=m_kt, other=0.), b_v, b_h, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
+
+
+@triton.jit
+def dplr_delta_rule_segment_scan_kernel(
+    seg_state,
+    seg_transition,
+    state_in,
+    seg_entry,
+    state_out,
+    first_segment,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_STATE_IN: tl.constexpr,
+    STORE_STATE_OUT: tl.constexpr,
+):
+    # One program per (V tile, sequence * head) carries the [K, BV] state tile across the segments of its
+    # sequence in fp32 registers, storing what enters each one. The product with each segment's [K, K]
+    # transition is one tf32x3 dot (three tf32 products: about fp32's precision, on the tensor cores): as an
+    # fp32 FMA dot ("ieee") the scan took 1.28 ms of a 1.84 ms forward at 1x16384x16x128 with 32 segments
+    # (H200, torch.profiler), against 0.13 ms. The whole [K, K] tile in registers needs 8 warps at K = 128
+    # (fla_gen/plan.py), and K <= 128 (the algorithm's SegmentRule).
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    o_kk = o_k[:, None] * K + o_k[None, :]
+    m_kk = m_k[:, None] & m_k[None, :]
+    s_first = tl.load(first_segment + i_n)
+    n_seg = tl.load(first_segment + i_n + 1) - s_first
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_STATE_IN:
+        b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_seg):
+        o_s = (s_first + i).to(tl.int64) * H + i_h
+        tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
+        b_m = tl.load(seg_transition + o_s * K * K + o_kk, mask=m_kk, other=0.0)
+        b_c = tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
+        b_s = tl.dot(b_m, b_s, b_c, input_precision="tf32x3")
+    if STORE_STATE_OUT:
+        tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -774,28 +834,17 @@ def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan
     return qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last
 
 
-def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
-             plan):
-    """Walk the chunks: the output (forward) or the chunk-start states and U (backward, ``states``).
-
-    Returns:
-        o: [B, T, H, V] or None; h: [B, NT, H, K, V] (q's dtype; under varlen B == 1 and NT counts the
-        chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
-        or None.
-    """
+def _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, chunk_offsets, walks, V, plan,
+                  transition=False):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'): o
+    [B, T, H, V] or else h [B, NT, H, K, V] and u [B, T, H, V] where given (None: not stored), final_state
+    [walks, H, K, V] float32 or None. ``transition``: the walk from the identity with V = 0 (V = K), whose final
+    state is the product of the chunks' transitions."""
     qg, kg, bg, w, M, Aqk, Aqb, _, _, _, g_last = intra
-    B, T, H, K = qg.shape
-    V = v.shape[-1]
-    BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    NT = launch.num_chunks(T, BT, chunk_indices)
+    T, H, K = qg.shape[1:]
     cfg = plan.config("fwd_h")
     BV = launch.dot_tile(cfg.block_v, V)
-    o = None if states else torch.empty_like(v)
-    h = qg.new_empty(B, NT, H, K, V) if states else None
-    u = torch.empty_like(v) if states else None
-    final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    dplr_delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), N * H)](
+    dplr_delta_rule_fwd_h_kernel[(launch.cdiv(V, BV), walks * H)](
         v,
         g_last,
         qg,
@@ -816,23 +865,114 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         H=H,
         K=K,
         V=V,
-        BT=BT,
+        BT=plan.chunk_size,
         BK=launch.whole_dim_tile(K),
         BV=BV,
         USE_G=g is not None,
-        STORE_O=not states,
-        STORE_STATES=states,
+        STORE_O=o is not None,
+        STORE_STATES=h is not None,
         USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state,
+        STORE_FINAL_STATE=final_state is not None,
+        TRANSITION=transition,
         IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(qg.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+
+
+
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, plan):
+    """What enters every segment, from each segment's walk from zero and its transition: the scan of
+    fla_gen/runtime/segments.py over each sequence's segments, in order (forward only: the backward walks
+    the state gradient over whole sequences).
+
+    Args:
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start
+        seg_transition: [S, H, K, K] float32, the product of each segment's chunk transitions
+        state_in: [N, H, K, V] float32, the initial state, or None
+        store_state_out: whether to return what leaves the last segment of each sequence
+
+    Returns:
+        seg_entry: [S, H, K, V] float32, the state entering each segment;
+        state_out: [N, H, K, V] float32 (the final state), or None.
+    """
+    S, H, K, V = seg_state.shape
+    cfg = plan.config("segment_scan")
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, seg_state.device))
+    seg_entry = torch.empty_like(seg_state)
+    state_out = seg_state.new_empty(N, H, K, V) if store_state_out else None
+    dplr_delta_rule_segment_scan_kernel[(launch.cdiv(V, BV), N * H)](
+        seg_state,
+        seg_transition,
+        state_in,
+        seg_entry,
+        state_out,
+        segments.first_segment,
+        H=H,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        USE_STATE_IN=state_in is not None,
+        STORE_STATE_OUT=store_state_out,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return seg_entry, state_out
+
+
+def _segment_entry_states(v, g, intra, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero and its transition (the walk from the identity), all segments at once, then the scan over each
+    sequence's segments, entry(s + 1) = M_s entry(s) + C_s.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None.
+    """
+    H, K = intra[0].shape[2:]
+    V = v.shape[-1]
+    f32 = dict(device=v.device, dtype=torch.float32)
+    seg_state = torch.empty(segments.count, H, K, V, **f32)
+    _launch_fwd_h(v, g, intra, None, None, None, None, seg_state, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, V, plan)
+    seg_transition = torch.empty(segments.count, H, K, K, **f32)
+    _launch_fwd_h(v, g, intra, None, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, K, plan, transition=True)
+    return _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N, plan)
+
+
+def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
+             segments, plan):
+    """Walk the chunks: the output (forward) or the chunk-start states and U (backward, ``states``). With
+    ``segments`` (fla_gen.runtime.segments.SegmentTables) the walk runs over the call's sequence segments, from
+    the states entering them (_segment_entry_states).
+
+    Returns:
+        o: [B, T, H, V] or None; h: [B, NT, H, K, V] (q's dtype; under varlen B == 1 and NT counts the
+        chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
+        or None.
+    """
+    qg = intra[0]
+    B, T, H, K = qg.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    NT = launch.num_chunks(T, plan.chunk_size, chunk_indices)
+    o = None if states else torch.empty_like(v)
+    h = qg.new_empty(B, NT, H, K, V) if states else None
+    u = torch.empty_like(v) if states else None
+    if segments is None:
+        final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, chunk_offsets, N, V, plan)
+        return o, h, u, final_state
+    seg_entry, final_state = _segment_entry_states(v, g, intra, initial_state, output_final_state, segments, N, plan)
+    _launch_fwd_h(v, g, intra, o, h, u, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
+                  segments.count, V, plan)
     return o, h, u, final_state
 
 
-def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of the DPLR recurrence: 2 kernels (fwd_intra, fwd_h with the output fused).
 
     S_t = diag(exp(g_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,  o_t = scale * S_t^T q_t.
@@ -845,7 +985,10 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
-        plan: the Plan (stages fwd_intra, fwd_h; chunk_size 16).
+        segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
+            sequences. With segments the state walk runs over them, from the states entering them (a walk from
+            zero and one from the identity per segment, and a scan).
+        plan: the Plan (stages fwd_intra, fwd_h; segment_scan; chunk_size 16).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -855,16 +998,17 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
     # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
     intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     o, _, _, final_state = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
-                                    chunk_indices, chunk_offsets, plan)
+                                    chunk_indices, chunk_offsets, segments, plan)
     return o, final_state, intra
 
 
-def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, plan):
+def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked backward: 5 kernels (fwd_h recomputes the chunk states and U; then bwd_dh, bwd_dv,
     bwd_dA, bwd_dqk), plus fwd_intra when ``saved`` is empty.
 
     Args: as chunk_fwd, plus saved (chunk_fwd's intra-chunk products, or () to recompute them),
-        do: [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state).
+        do: [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state). With segments
+        the recomputing fwd_h runs over them (and segment_scan), while bwd_dh walks whole sequences.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -879,7 +1023,8 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
-    _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, plan)
+    _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, segments,
+                          plan)
     is_varlen = cu_seqlens is not None
 
     cfg = plan.config("bwd_dh")
@@ -1030,6 +1175,9 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
 
 # ----------------------------------------------------------------------------- torch op
 
+# When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
+SEGMENT_RULE = SegmentRule(below_sm_share=0.0, walks_per_sm=1.0, min_chunks=32, source='split-dplr-untimed', min_segments=8, max_key_dim=128)
+
 def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_dplr_delta_rule: pick the plan, build the varlen tables, launch.
 
@@ -1040,10 +1188,10 @@ def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_s
         if not shapes_only():  # fake tensors (tracing) carry no values
             check_gates_respect_bound("chunk_dplr_delta_rule", gate_lower_bound, "gk", g)
         plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
-    chunk_indices, chunk_offsets = chunk_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, a, b, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1053,10 +1201,10 @@ def _op_backward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
     if gate_lower_bound is not None:
         plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
-    chunk_indices, chunk_offsets = chunk_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q.shape[1])
+    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_dplr_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, a, b, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
     )
     return backward_outputs(grads, (q, k, v, g, a, b, initial_state))
 

@@ -17,6 +17,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -25,6 +26,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -33,6 +35,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -41,6 +44,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -49,6 +53,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -57,6 +62,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -65,6 +71,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -73,6 +80,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm89", "fp32", 64): Plan("sm89", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -81,6 +89,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm89", "fp32", 128): Plan("sm89", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -89,6 +98,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -97,6 +107,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -105,6 +116,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -113,6 +125,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -121,6 +134,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -129,6 +143,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -137,6 +152,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="h100-dplr-bwd-da-256")),
         ("bwd_dqk", LaunchConfig(32, 16, 4, 1, source="h100-dplr-pair-kernels")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -145,6 +161,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -153,6 +170,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -161,6 +179,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -169,6 +188,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
 }
 # sm86 rows: the sm80 rows but for the arch, except at these (dtype, head dim).
@@ -241,6 +261,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -249,6 +270,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -257,6 +279,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -265,6 +288,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -273,6 +297,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -281,6 +306,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -289,6 +315,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -297,6 +324,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm89", "bf16", 128): Plan("sm89", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -305,6 +333,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm89", "bf16", 256): Plan("sm89", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -313,6 +342,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm89", "fp32", 64): Plan("sm89", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -321,6 +351,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -329,6 +360,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -337,6 +369,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -345,6 +378,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -353,6 +387,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -361,6 +396,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -369,6 +405,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -377,6 +414,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -385,6 +423,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -393,6 +432,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -401,6 +441,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
     )),
 }
 # sm86 rows: the sm80 rows but for the arch, except at these (dtype, head dim).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fla_gen.plan import DIAGONAL_SPLIT, TRANSITION_SPLIT
+from fla_gen.plan import DIAGONAL_SPLIT, DPLR_SPLIT, TRANSITION_SPLIT
 from fla_gen.runtime import launch, segments
 from fla_gen.sample import relative_error, sample_inputs
 from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
@@ -96,8 +96,19 @@ def test_transition_split_rule(total, walks, K, sms, expected):
                                                                            TRANSITION_SPLIT)
 
 
-# The diagonal families' backward scans twice (the states again, then their gradients); the delta family's once
-# (its backward recomputes the states over the segments, and walks the state gradient whole).
+def test_dplr_split_only_when_forced():
+    """DPLR's rule (not measured on a GPU) never splits a call by itself, not even 1x131072 at H = 4 on 132 SMs
+    (8192 chunks of 16 tokens, 4 walks); forced, it splits as asked, and never above head dim 128."""
+    assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, DPLR_SPLIT) == 0
+    assert "never splits a call by itself" in segments.describe_segment_split(8192, 8192, 4, 4, 128, 128, 132,
+                                                                              DPLR_SPLIT)
+    with segments.forced_segment_chunks(64):
+        assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, DPLR_SPLIT) == 64
+        assert segments.plan_segment_chunks(8192, 8192, 4, 4, 256, 256, 132, DPLR_SPLIT) == 0
+
+
+# The diagonal families' backward scans twice (the states again, then their gradients); the delta family's and
+# DPLR's once (their backward recomputes the states over the segments, and walks the state gradient whole).
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks", "scans"), [
     ("linear_attn", None, 1, 3),
@@ -113,24 +124,30 @@ def test_transition_split_rule(total, walks, K, sms, expected):
     ("kda", None, 1, 2),
     ("kda", [0, 50, 50, 300], 2, 2),
     ("gated_delta_rule_rope", None, 2, 2),
+    ("dplr", None, 2, 2),
+    ("dplr", [0, 50, 50, 300], 1, 2),
+    ("rwkv7", None, 1, 2),
+    ("rwkv7", [0, 50, 50, 300], 3, 2),
 ])
 def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, scans, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
     walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran as often as
     the algorithm's forward and backward need it."""
     module = generated(package).chunk
-    name = f"{package}_segment_scan_kernel"
+    # the op's name, not the package's (generated/dplr: dplr_delta_rule)
+    name = next(n for n in dir(module) if n.endswith("_segment_scan_kernel"))
     scan = _CountingKernel(getattr(module, name))
     monkeypatch.setattr(module, name, scan)
     dims = (1, 300, 2, 32, 32) if cu_seqlens else (2, 200, 2, 32, 32)
     with segments.forced_segment_chunks(chunks), launch.forced_sm_count(1000 if many_sms else 0):
-        result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens)
+        result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens,
+                                  op=name.removesuffix("_segment_scan_kernel"))
     assert not result.failures(), result.errors
     assert scan.launches == scans
 
 
-@pytest.mark.parametrize("package", ["gated_delta_rule", "kda"])
-def test_delta_split_without_states(package):
+@pytest.mark.parametrize("package", ["gated_delta_rule", "kda", "rwkv7"])
+def test_transition_split_without_states(package):
     """The call the benchmarks time, no initial state and no final state, split into one-chunk segments: the scan
     then starts from zero and stores nothing at the end. o and every input's gradient against the float64
     reference, outputs poisoned first."""
