@@ -3,6 +3,8 @@
 
     git worktree add /tmp/before <commit>                  # a source checkout of the build to compare with
     python benchmarks/compare_builds.py --before /tmp/before --ops gla,rwkv7 --shapes 4x4096x16x128
+    python benchmarks/compare_builds.py --before /tmp/before --ops gated_delta_rule --shapes 4x4096x16x128x32 \
+        --after-override '{"fwd_wu": {"num_warps": 2}}'    # Qwen3-Next's grouped call, a plan variant after
 
 Each build runs in its own process (its own fla_gen, generated packages and plans, so a change anywhere is
 compared), ``--rounds`` times each, alternating before, after, before, after: a GPU that runs faster or slower
@@ -10,7 +12,8 @@ for a stretch lands on both sides. Every process times, per op and shape, the ch
 and forward+backward on the same inputs (fixed seed: the packages' INPUTS roles, gates logsigmoid(randn) / 16
 in fp32, unit-norm keys, beta sigmoid(randn), RWKV-7-style a = -k̂, b = η k̂), each a do_bench median after a
 warm-up call. The table gives each side's median over its rounds and the worst pair: min over rounds of
-before / after (below 1: the change is slower in at least one round).
+before / after (below 1: the change is slower in at least one round). A shape's optional fifth field is the
+number of value heads HV (grouped heads: v, the gates and beta of the ops that declare them get HV heads).
 """
 
 from __future__ import annotations
@@ -25,15 +28,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"  # fla_gen.runtime.dispatch reads it; each side's process gets its own
 OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dplr", "rwkv7")
 
 
 def _inputs(pkg, shape, seed: int):
-    """The package's chunk-op tensors for shape (B, T, H, D), in its INPUTS order (bf16, gates fp32)."""
+    """The package's chunk-op tensors for shape (B, T, H, D) or (B, T, H, D, HV), in its INPUTS order
+    (bf16, gates fp32); layouts with G (grouped value heads) get HV heads."""
     import torch
     import torch.nn.functional as F
 
-    B, T, H, D = shape
+    B, T, H, D = shape[:4]
+    HV = shape[4] if len(shape) == 5 else H
+    if HV != H and not any("G" in layout for _n, layout, _r, _o in pkg.INPUTS):
+        raise ValueError(f"{pkg.__name__} has no grouped value heads: shape {shape} asks for HV={HV} != H={H}")
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*s):
@@ -45,7 +53,8 @@ def _inputs(pkg, shape, seed: int):
         if optional and not per_token:  # a per-head constant gate left out: the per-token one is given
             out.append(None)
             continue
-        size = (B, T, H) + ((D,) if layout.endswith(("K", "V")) else ()) if per_token else (H,)
+        heads = HV if "G" in layout else H
+        size = (B, T, heads) + ((D,) if layout.endswith(("K", "V")) else ()) if per_token else (heads,)
         if role == "gate":
             x = F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device="cuda")
         elif role == "rank1_read":
@@ -104,9 +113,14 @@ def main() -> int:
     p.add_argument("--before", type=Path, required=True, help="a source checkout of the build to compare with")
     p.add_argument("--after", type=Path, default=ROOT, help="the other checkout (default: this one)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated packages (default: {','.join(OPS)})")
-    p.add_argument("--shapes", default="4x4096x16x128", help="comma-separated BxTxHxD (default: 4x4096x16x128)")
+    p.add_argument("--shapes", default="4x4096x16x128",
+                   help="comma-separated BxTxHxD or BxTxHxDxHV (default: 4x4096x16x128)")
     p.add_argument("--rounds", type=int, default=3, help="processes per side, alternating (default: 3)")
     p.add_argument("--seed", type=int, default=0)
+    for side in ("before", "after"):
+        p.add_argument(f"--{side}-override", metavar="JSON",
+                       help=f"a plan override for the {side} side only ({OVERRIDE_ENV}'s JSON, e.g. "
+                            "'{\"fwd_o\": {\"num_warps\": 8}}'): a plan variant against a build")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     ops = [o for o in a.ops.split(",") if o]
@@ -114,11 +128,18 @@ def main() -> int:
     if a.child:
         print(json.dumps(child(ops, shapes, a.seed)))
         return 0
+    for shape in shapes:
+        if len(shape) not in (4, 5):
+            p.error(f"--shapes: {'x'.join(map(str, shape))} is not BxTxHxD or BxTxHxDxHV")
     sides = {"before": a.before.resolve(), "after": a.after.resolve()}
+    overrides = {"before": a.before_override, "after": a.after_override}
     results: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(a.rounds):
         for side, root in sides.items():
             env = {**os.environ, "PYTHONPATH": str(root)}
+            env.pop(OVERRIDE_ENV, None)
+            if overrides[side]:
+                env[OVERRIDE_ENV] = overrides[side]
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--before", ".", "--ops", a.ops,
                    "--shapes", a.shapes, "--seed", str(a.seed)]
             run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
