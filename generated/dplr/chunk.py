@@ -321,9 +321,11 @@ def dplr_delta_rule_segment_scan_kernel(
     BV: tl.constexpr,
     USE_STATE_IN: tl.constexpr,
     STORE_STATE_OUT: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # One program per (V tile, sequence * head) carries the [K, BV] state tile across the segments of its
-    # sequence in fp32 registers, storing what enters each one. The product with each segment's [K, K]
+    # sequence in fp32 registers, storing what enters each one: in order for the state, in reverse for its
+    # gradient, which loads each transition transposed (the adjoint). The product with each segment's [K, K]
     # transition is one tf32x3 dot (three tf32 products: about fp32's precision, on the tensor cores): as an
     # fp32 FMA dot ("ieee") the scan took 1.28 ms of a 1.84 ms forward at 1x16384x16x128 with 32 segments
     # (H200, torch.profiler), against 0.13 ms. The whole [K, K] tile in registers needs 8 warps at K = 128
@@ -336,7 +338,10 @@ def dplr_delta_rule_segment_scan_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
-    o_kk = o_k[:, None] * K + o_k[None, :]
+    if REVERSE:
+        o_kk = o_k[None, :] * K + o_k[:, None]
+    else:
+        o_kk = o_k[:, None] * K + o_k[None, :]
     m_kk = m_k[:, None] & m_k[None, :]
     s_first = tl.load(first_segment + i_n)
     n_seg = tl.load(first_segment + i_n + 1) - s_first
@@ -345,7 +350,11 @@ def dplr_delta_rule_segment_scan_kernel(
     if USE_STATE_IN:
         b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i in range(0, n_seg):
-        o_s = (s_first + i).to(tl.int64) * H + i_h
+        if REVERSE:
+            i_s = s_first + n_seg - 1 - i
+        else:
+            i_s = s_first + i
+        o_s = i_s.to(tl.int64) * H + i_h
         tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
         b_m = tl.load(seg_transition + o_s * K * K + o_kk, mask=m_kk, other=0.0)
         b_c = tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
@@ -882,20 +891,21 @@ def _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, 
 
 
 
-def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, plan):
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, reverse, plan):
     """What enters every segment, from each segment's walk from zero and its transition: the scan of
-    fla_gen/runtime/segments.py over each sequence's segments, in order (forward only: the backward walks
-    the state gradient over whole sequences).
+    fla_gen/runtime/segments.py over each sequence's segments, in order (reverse=False: states) or in reverse
+    with the transposed transitions (reverse=True: state gradients).
 
     Args:
-        seg_state: [S, H, K, V] float32, each segment's state from a zero start
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start (its state gradient at its
+            start from a zero gradient at its end)
         seg_transition: [S, H, K, K] float32, the product of each segment's chunk transitions
-        state_in: [N, H, K, V] float32, the initial state, or None
+        state_in: [N, H, K, V] float32, the initial state (the final state's gradient), or None
         store_state_out: whether to return what leaves the last segment of each sequence
 
     Returns:
-        seg_entry: [S, H, K, V] float32, the state entering each segment;
-        state_out: [N, H, K, V] float32 (the final state), or None.
+        seg_entry: [S, H, K, V] float32, the state entering each segment (the gradient at its end);
+        state_out: [N, H, K, V] float32 (the final state, or the initial state's gradient), or None.
     """
     S, H, K, V = seg_state.shape
     cfg = plan.config("segment_scan")
@@ -917,6 +927,7 @@ def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments
         BV=BV,
         USE_STATE_IN=state_in is not None,
         STORE_STATE_OUT=store_state_out,
+        REVERSE=reverse,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -940,7 +951,7 @@ def _segment_entry_states(v, g, intra, initial_state, output_final_state, segmen
     seg_transition = torch.empty(segments.count, H, K, K, **f32)
     _launch_fwd_h(v, g, intra, None, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, K, plan, transition=True)
-    return _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N, plan)
+    return _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N, False, plan)
 
 
 def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,

@@ -373,9 +373,11 @@ def gated_delta_rule_rope_segment_scan_kernel(
     BV: tl.constexpr,
     USE_STATE_IN: tl.constexpr,
     STORE_STATE_OUT: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # One program per (V tile, sequence * head) carries the [K, BV] state tile across the segments of its
-    # sequence in fp32 registers, storing what enters each one. The product with each segment's [K, K]
+    # sequence in fp32 registers, storing what enters each one: in order for the state, in reverse for its
+    # gradient, which loads each transition transposed (the adjoint). The product with each segment's [K, K]
     # transition is one tf32x3 dot (three tf32 products: about fp32's precision, on the tensor cores): as an
     # fp32 FMA dot ("ieee") the scan took 1.28 ms of a 1.84 ms forward at 1x16384x16x128 with 32 segments
     # (H200, torch.profiler), against 0.13 ms. The whole [K, K] tile in registers needs 8 warps at K = 128
@@ -388,7 +390,10 @@ def gated_delta_rule_rope_segment_scan_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
-    o_kk = o_k[:, None] * K + o_k[None, :]
+    if REVERSE:
+        o_kk = o_k[None, :] * K + o_k[:, None]
+    else:
+        o_kk = o_k[:, None] * K + o_k[None, :]
     m_kk = m_k[:, None] & m_k[None, :]
     s_first = tl.load(first_segment + i_n)
     n_seg = tl.load(first_segment + i_n + 1) - s_first
@@ -397,7 +402,11 @@ def gated_delta_rule_rope_segment_scan_kernel(
     if USE_STATE_IN:
         b_s += tl.load(state_in + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i in range(0, n_seg):
-        o_s = (s_first + i).to(tl.int64) * H + i_h
+        if REVERSE:
+            i_s = s_first + n_seg - 1 - i
+        else:
+            i_s = s_first + i
+        o_s = i_s.to(tl.int64) * H + i_h
         tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
         b_m = tl.load(seg_transition + o_s * K * K + o_kk, mask=m_kk, other=0.0)
         b_c = tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
@@ -606,6 +615,7 @@ def gated_delta_rule_rope_bwd_dh_kernel(
     USE_G: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
     STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
+    STORE_CHUNKS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks of its sequence backwards with the
@@ -617,6 +627,8 @@ def gated_delta_rule_rope_bwd_dh_kernel(
     # each with its own dots, as fla-core's kernel holds it: at 1x16384x16x128 the one [BK, BV] tile took
     # 0.50 ms against 0.29 for row blocks with the same launch config, at 4x4096x16x128 0.26 (its best
     # config) against 0.20 (H100, kernel alone, same process; experiment in git history at 0a80dc0).
+    # Without STORE_CHUNKS it stores neither dh nor dv_new: a walk over sequence segments from a zero gradient
+    # (fla_gen/runtime/segments.py) that wants only what leaves each segment at its start.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -658,14 +670,15 @@ def gated_delta_rule_rope_bwd_dh_kernel(
         i_t = NT - 1 - i_r
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        p_dh = dh + ((boh + i_t) * H + i_h) * K * V + o_rv
-        tl.store(p_dh, b_dh0.to(dh.dtype.element_ty), mask=m_r0[:, None] & m_v[None, :])
-        if BK > 1 * RB:
-            tl.store(p_dh + 1 * RB * V, b_dh1.to(dh.dtype.element_ty), mask=m_r1[:, None] & m_v[None, :])
-        if BK > 2 * RB:
-            tl.store(p_dh + 2 * RB * V, b_dh2.to(dh.dtype.element_ty), mask=m_r2[:, None] & m_v[None, :])
-        if BK > 3 * RB:
-            tl.store(p_dh + 3 * RB * V, b_dh3.to(dh.dtype.element_ty), mask=m_r3[:, None] & m_v[None, :])
+        if STORE_CHUNKS:
+            p_dh = dh + ((boh + i_t) * H + i_h) * K * V + o_rv
+            tl.store(p_dh, b_dh0.to(dh.dtype.element_ty), mask=m_r0[:, None] & m_v[None, :])
+            if BK > 1 * RB:
+                tl.store(p_dh + 1 * RB * V, b_dh1.to(dh.dtype.element_ty), mask=m_r1[:, None] & m_v[None, :])
+            if BK > 2 * RB:
+                tl.store(p_dh + 2 * RB * V, b_dh2.to(dh.dtype.element_ty), mask=m_r2[:, None] & m_v[None, :])
+            if BK > 3 * RB:
+                tl.store(p_dh + 3 * RB * V, b_dh3.to(dh.dtype.element_ty), mask=m_r3[:, None] & m_v[None, :])
         o_tv = t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         b_do = tl.load(do + o_tv, mask=m_tv, other=0.)
@@ -689,7 +702,8 @@ def gated_delta_rule_rope_bwd_dh_kernel(
             b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         b_dvn = b_dvn * tl.exp(b_GL - b_G)[:, None] + tl.load(dv_local + o_tv, mask=m_tv, other=0.)
         b_do = (b_do * (scale * tl.exp(b_G))[:, None]).to(b_do.dtype)
-        tl.store(dv_new + o_tv, b_dvn.to(dv_new.dtype.element_ty), mask=m_tv)
+        if STORE_CHUNKS:
+            tl.store(dv_new + o_tv, b_dvn.to(dv_new.dtype.element_ty), mask=m_tv)
         b_dvn = b_dvn.to(w.dtype.element_ty)
         m_kt = m_r0[:, None] & m_t[None, :]
         b_dh0 *= tl.exp(b_GL)
@@ -1114,20 +1128,21 @@ def _launch_fwd_h(k, w, u, g_cum, h, v_new, initial_state, final_state, cu_seqle
 
 
 
-def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, plan):
+def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments, N, reverse, plan):
     """What enters every segment, from each segment's walk from zero and its transition: the scan of
-    fla_gen/runtime/segments.py over each sequence's segments, in order (forward only: the backward walks
-    the state gradient over whole sequences).
+    fla_gen/runtime/segments.py over each sequence's segments, in order (reverse=False: states) or in reverse
+    with the transposed transitions (reverse=True: state gradients).
 
     Args:
-        seg_state: [S, H, K, V] float32, each segment's state from a zero start
+        seg_state: [S, H, K, V] float32, each segment's state from a zero start (its state gradient at its
+            start from a zero gradient at its end)
         seg_transition: [S, H, K, K] float32, the product of each segment's chunk transitions
-        state_in: [N, H, K, V] float32, the initial state, or None
+        state_in: [N, H, K, V] float32, the initial state (the final state's gradient), or None
         store_state_out: whether to return what leaves the last segment of each sequence
 
     Returns:
-        seg_entry: [S, H, K, V] float32, the state entering each segment;
-        state_out: [N, H, K, V] float32 (the final state), or None.
+        seg_entry: [S, H, K, V] float32, the state entering each segment (the gradient at its end);
+        state_out: [N, H, K, V] float32 (the final state, or the initial state's gradient), or None.
     """
     S, H, K, V = seg_state.shape
     cfg = plan.config("segment_scan")
@@ -1149,6 +1164,7 @@ def _segment_scan(seg_state, seg_transition, state_in, store_state_out, segments
         BV=BV,
         USE_STATE_IN=state_in is not None,
         STORE_STATE_OUT=store_state_out,
+        REVERSE=reverse,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -1161,8 +1177,8 @@ def _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, seg
     sequence's segments, entry(s + 1) = M_s entry(s) + C_s.
 
     Returns:
-        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None; None (the diagonal
-        families' segment gate: a delta segment's transition is not kept).
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None; seg_transition: [S, H, K, K]
+        float32, each segment's transition (the backward's reverse scan takes its transpose).
     """
     K = k.shape[-1]
     H, V = u.shape[-2:]
@@ -1174,8 +1190,8 @@ def _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, seg
     _launch_fwd_h(k, w, None, g_cum, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, K, plan, transition=True)
     seg_entry, final_state = _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N,
-                                           plan)
-    return seg_entry, final_state, None
+                                           False, plan)
+    return seg_entry, final_state, seg_transition
 
 
 def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -1185,7 +1201,8 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
-        packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None.
+        packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None;
+        seg_transition: [S, H, K, K] float32, each segment's transition (None without segments).
     """
     B, T, H, K = k.shape
     H, V = u.shape[-2:]
@@ -1195,11 +1212,59 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
     if segments is None:
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(k, w, u, g_cum, h, v_new, initial_state, final_state, cu_seqlens, chunk_offsets, N, H, V, plan)
-        return h, v_new, final_state
-    seg_entry, final_state, _ = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
+        return h, v_new, final_state, None
+    seg_entry, final_state, seg_transition = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
     _launch_fwd_h(k, w, u, g_cum, h, v_new, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, V, plan)
-    return h, v_new, final_state
+    return h, v_new, final_state, seg_transition
+
+
+def _launch_bwd_dh(q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
+    """The state-gradient walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'),
+    chunks in reverse: dh [B, NT, H, K, V], the gradient at each chunk's end, and dv_new [B, T, H, V] (both None:
+    not stored), from dht [walks, H, K, V] float32, the gradient at each walk's end (None: zero); dh0 [walks, H,
+    K, V] float32, the gradient at each walk's start, or None."""
+    K = k.shape[-1]
+    H, V = do.shape[-2:]
+    cfg = plan.config("bwd_dh")
+    BK = launch.whole_dim_tile(K)
+    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, walks * H, launch.split_sm_count(cfg, k.device))
+    gated_delta_rule_rope_bwd_dh_kernel[(launch.cdiv(V, BV), walks * H)](
+        q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, scale, do.shape[1],
+        H=H, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, RB=launch.state_row_block(BK), USE_G=g_cum is not None,
+        USE_FINAL_STATE_GRADIENT=dht is not None, STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
+        STORE_CHUNKS=dh is not None, IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition, NT, scale, plan):
+    """The state gradient at every chunk's end and dv_new (_launch_bwd_dh), and the initial state's gradient. With
+    ``segments`` the walk runs over the call's sequence segments: each segment's walk from a zero gradient, all at
+    once; the reverse scan with the segments' transposed transitions (seg_transition, from _chunk_h), which gives
+    the gradient at every segment's end; then the segments' walks from those.
+
+    Returns:
+        dh: [B, NT, H, K, V] in do's dtype; dv_new: [B, T, H, V] in do's dtype; dh0: [N, H, K, V] float32, or
+        None when initial_state is None.
+    """
+    B, T, H, V = do.shape
+    K = k.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    f32 = dict(device=do.device, dtype=torch.float32)
+    dh = do.new_empty(B, NT, H, K, V)
+    dv_new = torch.empty_like(do)
+    if segments is None:
+        dh0 = torch.empty(N, H, K, V, **f32) if initial_state is not None else None
+        _launch_bwd_dh(q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, N, scale, plan)
+        return dh, dv_new, dh0
+    seg_dstate = torch.empty(segments.count, H, K, V, **f32)
+    _launch_bwd_dh(q, k, w, g_cum, do, dv_local, None, None, None, seg_dstate, segments.cu_seqlens,
+                   segments.chunk_offsets, segments.count, scale, plan)
+    seg_dht, dh0 = _segment_scan(seg_dstate, seg_transition, dht, initial_state is not None, segments, N, True, plan)
+    _launch_bwd_dh(q, k, w, g_cum, do, dv_local, dh, dv_new, seg_dht, None, segments.cu_seqlens,
+                   segments.chunk_offsets, segments.count, scale, plan)
+    return dh, dv_new, dh0
 
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -1270,7 +1335,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             num_stages=cfg.num_stages,
         )
         return o, final_state, ()
-    h, v_new, final_state = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
+    h, v_new, final_state, _ = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1306,7 +1371,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
         None (gradient of the final state). Plan stages: fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy; with segments
-        the recomputing fwd_h runs over them (and segment_scan), while bwd_dh walks whole sequences.
+        the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -1322,44 +1387,10 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
     w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan)
-    h, v_new, _ = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
+    h, v_new, _, seg_transition = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del u
-
-    cfg = plan.config("bwd_dh")
-    BK = launch.whole_dim_tile(K)
-    BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, N * H, launch.split_sm_count(cfg, k.device))
-    dh = q.new_empty(B, NT, H, K, V)
-    dv_new = torch.empty_like(v)
-    dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
-    gated_delta_rule_rope_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
-        q,
-        k,
-        w,
-        g_cum,
-        do,
-        dv_local,
-        dh,
-        dv_new,
-        dht,
-        dh0,
-        cu_seqlens,
-        chunk_offsets,
-        scale,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BV,
-        RB=launch.state_row_block(BK),
-        USE_G=g_cum is not None,
-        USE_FINAL_STATE_GRADIENT=dht is not None,
-        STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
-        IS_VARLEN=cu_seqlens is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    dh, dv_new, dh0 = _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition,
+                                NT, scale, plan)
     del w, dv_local, g_cum
 
     cfg = plan.config("bwd_dqk")

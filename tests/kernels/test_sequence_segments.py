@@ -107,8 +107,8 @@ def test_dplr_split_only_when_forced():
         assert segments.plan_segment_chunks(8192, 8192, 4, 4, 256, 256, 132, DPLR_SPLIT) == 0
 
 
-# The diagonal families' backward scans twice (the states again, then their gradients); the delta family's and
-# DPLR's once (their backward recomputes the states over the segments, and walks the state gradient whole).
+# The diagonal families' and the delta family's backward scan twice (the states again, then their gradients);
+# DPLR's once (its backward recomputes the states over the segments, and walks the state gradient whole).
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks", "scans"), [
     ("linear_attn", None, 1, 3),
@@ -117,13 +117,13 @@ def test_dplr_split_only_when_forced():
     ("simple_gla", [0, 50, 50, 300], 1, 3),
     ("gla", None, 2, 3),
     ("gla", [0, 50, 50, 300], 1, 3),
-    ("delta_rule", None, 1, 2),
-    ("delta_rule", [0, 50, 50, 300], 2, 2),
-    ("gated_delta_rule", None, 2, 2),
-    ("gated_delta_rule", [0, 50, 50, 300], 1, 2),
-    ("kda", None, 1, 2),
-    ("kda", [0, 50, 50, 300], 2, 2),
-    ("gated_delta_rule_rope", None, 2, 2),
+    ("delta_rule", None, 1, 3),
+    ("delta_rule", [0, 50, 50, 300], 2, 3),
+    ("gated_delta_rule", None, 2, 3),
+    ("gated_delta_rule", [0, 50, 50, 300], 1, 3),
+    ("kda", None, 1, 3),
+    ("kda", [0, 50, 50, 300], 2, 3),
+    ("gated_delta_rule_rope", None, 2, 3),
     ("dplr", None, 2, 2),
     ("dplr", [0, 50, 50, 300], 1, 2),
     ("rwkv7", None, 1, 2),
