@@ -162,8 +162,8 @@ def num_chunks(T: int, BT: int, chunk_indices: torch.Tensor | None) -> int:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs keep full precision in tl.dot (the default would round them to tf32); 16-bit inputs
-    ignore the setting."""
+    """fp32 inputs keep full precision in tl.dot (the default would round them to tf32); with 16-bit inputs
+    it applies to the dots whose operands a kernel keeps in fp32 (tf32 there)."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
