@@ -80,10 +80,6 @@ SOURCES: dict[str, Source] = {
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
-    "split-dplr-untimed": Source(
-        "rule (DPLR, RWKV-7): the split of the delta family (split-delta) is built for these ops but not measured "
-        "on a GPU, so a call never splits by itself; forced_segment_chunks (tests, benchmarks/segment_sweep.py "
-        "--chunks) splits it"),
     "fused-walk-unmeasured": Source("rule: fwd_fused is never taken on this target (not measured here; on the "
                                     "mma.sync targets its tiles spill 24-400 B, fla-gen aot): fwd_h + fwd_o"),
     "fused-walk-no-fit": Source("rule: fwd_fused is never taken: even [K, 16] tiles at 2 stages do not fit the "
@@ -269,7 +265,20 @@ SOURCES: dict[str, Source] = {
         "KDA 1.091 (9.254-9.269 -> 8.469-8.480). With the scan on column blocks of the transition (4 warps): at "
         "1x65536 the delta rule 2.087 -> 1.700 ms, the gated delta rule 2.397 -> 2.156, KDA 4.658 -> 4.286; the "
         "delta rule at 1x16384 0.537 -> 0.481 at 32 chunks, 0.529 at 16, 0.626 at 8. As an fp32 FMA dot ('ieee') the "
-        "scan took 1.28 ms of a 1.84 ms forward (1x16384, 32 segments, torch.profiler)", _H100),
+        "scan took 1.28 ms of a 1.84 ms forward (1x16384, 32 segments, torch.profiler). The backward's state-gradient "
+        "walk split on the same segments (a reverse scan with the transposed transitions), each build in its own "
+        "process, 2 rounds: forward+backward at 1x65536 6.740 -> 6.552 ms (the delta rule), 8.467 -> 8.239 (the "
+        "gated delta rule); in one process the delta rule's at 1x16384 1.824-1.829 whole, 1.794-1.884 split", _H100),
+    "h200-split-dplr": Source(
+        "DPLR's sequence split by segment length on the H200 (bf16, benchmarks/segment_sweep.py --ops "
+        "dplr_delta_rule --backward: ours alone in one process per shape, 3 alternating rounds, worst round "
+        "whole/split; 16-token chunks): forward at 1x65536x16x128 12.31-12.35 ms whole, 8.56-8.62 at 512 chunks per "
+        "segment (8 segments), 8.05-8.06 at 256 (16), 7.97 at 128 (32), 8.03 at 64 (64: 1.53x); forward+backward "
+        "40.46-40.50 whole, 32.94-32.96 at 256. At 1x16384: 3.12 whole, 2.22 at 128 chunks (8 segments), 2.10 at 64 "
+        "(16: 1.48x), 2.16 at 32 (32); forward+backward 10.21-10.23 whole, 8.45 at 64 (1.21x). At 1x4096: 0.799-0.801 "
+        "whole, 0.608-0.609 at 32 or 16 chunks (1.31x); forward+backward 2.60 -> 2.26-2.30. At 4x4096 (64 walks): "
+        "1.70 whole, 2.09-2.15 split (0.79-0.81x), forward+backward 6.58 -> 7.30-7.46. RWKV-7 (the same kernels) at "
+        "1x65536: 12.29-12.35 whole, 8.03-8.07 split (1.53x)", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),

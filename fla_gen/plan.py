@@ -146,9 +146,13 @@ SEGMENT_SPLIT = ("split-sequence", DIAGONAL_SPLIT.source)
 TRANSITION_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=1.0, min_chunks=32, source="h200-split-delta",
                                min_segments=8, max_key_dim=128)
 # DPLR and RWKV-7: their chunk map is affine too, S' = M S + C with M = exp(G_L) + bg^T W, so they split as the
-# delta family does (its scan kernel). Not measured on a GPU: the rule never splits by itself (below_sm_share 0);
-# tests and benchmarks/segment_sweep.py force it (forced_segment_chunks). Otherwise the delta family's bounds.
-DPLR_SPLIT = SegmentRule(below_sm_share=0.0, walks_per_sm=1.0, min_chunks=32, source="split-dplr-untimed",
+# delta family does (its scan kernel). Measured on the H200 (bf16, benchmarks/segment_sweep.py, dplr_delta_rule, ours
+# alone, fla_gen/measurements.py h200-split-dplr): their walk is most of their forward, so the split gains more than
+# the delta family's and wants more segments: the forward 1.53x faster at 1x65536x16x128 with 16-64 segments (1.44x
+# with 8), 1.48x at 1x16384 with 16 (1.44x with 32, 1.41x with 8), 1.31x at 1x4096 with 8 or 16 segments of 32 or
+# 16 chunks; at 4x4096 (64 walks, 256 programs unsplit) 0.79-0.81x. Hence two (segment, head) walks per SM, 16
+# segments at H = 16, of 16 chunks at least, 8 of them at least.
+DPLR_SPLIT = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=16, source="h200-split-dplr",
                          min_segments=8, max_key_dim=128)
 
 

@@ -1187,7 +1187,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
 # ----------------------------------------------------------------------------- torch op
 
 # When the state walks split long sequences into segments (fla_gen/runtime/segments.py): the algorithm's rule.
-SEGMENT_RULE = SegmentRule(below_sm_share=0.0, walks_per_sm=1.0, min_chunks=32, source='split-dplr-untimed', min_segments=8, max_key_dim=128)
+SEGMENT_RULE = SegmentRule(below_sm_share=0.5, walks_per_sm=2.0, min_chunks=16, source='h200-split-dplr', min_segments=8, max_key_dim=128)
 
 def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound):
     """Body of the custom op fla_gen::chunk_rwkv7: pick the plan, build the varlen tables, launch.

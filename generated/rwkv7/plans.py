@@ -17,7 +17,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -26,7 +26,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -35,7 +35,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -44,7 +44,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -53,7 +53,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -62,7 +62,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -71,7 +71,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -80,7 +80,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm89", "fp32", 64): Plan("sm89", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -89,7 +89,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm89", "fp32", 128): Plan("sm89", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -98,7 +98,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 1, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -107,7 +107,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -116,7 +116,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -125,7 +125,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -134,7 +134,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -143,7 +143,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
@@ -152,7 +152,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="h100-dplr-bwd-da-256")),
         ("bwd_dqk", LaunchConfig(32, 16, 4, 1, source="h100-dplr-pair-kernels")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -161,7 +161,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -170,7 +170,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-intra-warps")),
@@ -179,7 +179,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks,h100-dplr-dqk-warps")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 16, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
@@ -188,7 +188,7 @@ CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 8, 2, source="whole-k,aot-dplr-da-warps")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-blocks")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
 }
 # sm86 rows: the sm80 rows but for the arch, except at these (dtype, head dim).
@@ -261,7 +261,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -270,7 +270,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -279,7 +279,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -288,7 +288,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -297,7 +297,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -306,7 +306,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -315,7 +315,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -324,7 +324,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm89", "bf16", 128): Plan("sm89", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -333,7 +333,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm89", "bf16", 256): Plan("sm89", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -342,7 +342,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm89", "fp32", 64): Plan("sm89", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -351,7 +351,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 1, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -360,7 +360,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -369,7 +369,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -378,7 +378,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -387,7 +387,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -396,7 +396,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,h100-dplr-bounded")),
@@ -405,7 +405,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,h100-dplr-bounded")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,h100-dplr-bounded")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -414,7 +414,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -423,7 +423,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -432,7 +432,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 32, gate_bound=-5.055897081731366, kernels=(
         ("fwd_intra", LaunchConfig(16, 16, 2, 1, source="pair-dots,bounded-rule")),
@@ -441,7 +441,7 @@ BOUNDED_CHUNK_PLANS = {
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="whole-k,bounded-rule")),
         ("bwd_dqk", LaunchConfig(16, 16, 4, 1, source="pair-dots,bounded-rule")),
-        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,split-dplr-untimed")),
+        ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
 }
 # sm86 rows: the sm80 rows but for the arch, except at these (dtype, head dim).

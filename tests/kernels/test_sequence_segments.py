@@ -4,6 +4,8 @@ reference (outputs, final state and every gradient, the initial state's included
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -96,15 +98,28 @@ def test_transition_split_rule(total, walks, K, sms, expected):
                                                                            TRANSITION_SPLIT)
 
 
-def test_dplr_split_only_when_forced():
-    """DPLR's rule (not measured on a GPU) never splits a call by itself, not even 1x131072 at H = 4 on 132 SMs
-    (8192 chunks of 16 tokens, 4 walks); forced, it splits as asked, and never above head dim 128."""
-    assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, DPLR_SPLIT) == 0
-    assert "never splits a call by itself" in segments.describe_segment_split(8192, 8192, 4, 4, 128, 128, 132,
-                                                                              DPLR_SPLIT)
+@pytest.mark.parametrize(("total", "walks", "K", "sms", "expected"), [
+    # DPLR's 16-token chunks, B = 1, H = 16 on 132 SMs: 64 programs < 66; two walks per SM -> 16 segments
+    (4096, 16, 128, 132, 256),  # 1x65536
+    (1024, 16, 128, 132, 64),  # 1x16384
+    (256, 16, 128, 132, 16),  # 1x4096: 16-chunk segments, the shortest the rule makes
+    (128, 16, 128, 132, 16),  # 1x2048: 8 segments of 16 chunks
+    (64, 16, 128, 132, 0),  # 1x1024: 4 segments of 16 chunks are too few
+    (1024, 64, 128, 132, 0),  # 4x4096: 64 walks make 256 programs, where the split measured slower
+    (4096, 16, 256, 132, 0),  # the scan holds [K, K]: K <= 128
+])
+def test_dplr_split_rule(total, walks, K, sms, expected):
+    assert segments.plan_segment_chunks(total, total // (walks // 16), walks, 16, K, K, sms, DPLR_SPLIT) == expected
+
+
+def test_rule_with_no_sm_share_splits_only_when_forced():
+    """A rule whose below_sm_share is 0 (an algorithm whose split is built but not yet measured) never splits a
+    call by itself, and says so; forced, it splits as asked."""
+    rule = dataclasses.replace(DPLR_SPLIT, below_sm_share=0.0, source="unmeasured")
+    assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 0
+    assert "never splits a call by itself" in segments.describe_segment_split(8192, 8192, 4, 4, 128, 128, 132, rule)
     with segments.forced_segment_chunks(64):
-        assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, DPLR_SPLIT) == 64
-        assert segments.plan_segment_chunks(8192, 8192, 4, 4, 256, 256, 132, DPLR_SPLIT) == 0
+        assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 64
 
 
 # The diagonal families' and the delta family's backward scan twice (the states again, then their gradients);
