@@ -386,13 +386,16 @@ def dplr_delta_rule_bwd_dh_kernel(
     BV: tl.constexpr,
     USE_G: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
+    STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
+    STORE_CHUNKS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One program per (V block, sequence * head) walks the chunks backwards with dS (the gradient of
     # the state at the chunk end) in fp32 registers: stores dS per chunk, then
     # dU = A_qb^T do + bg dS and dS0 = exp(G_L) dS + qg^T do + W^T dU.
+    # Without STORE_CHUNKS it stores neither dS nor dU: a walk over sequence segments from a zero gradient
+    # (fla_gen/runtime/segments.py) that wants only the gradient at each segment's start.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -420,7 +423,8 @@ def dplr_delta_rule_bwd_dh_kernel(
         i_t = NT - 1 - i_r
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
-        tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        if STORE_CHUNKS:
+            tl.store(dh + ((boh + i_t) * H + i_h) * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
         m_tk = m_t[:, None] & m_k[None, :]
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
@@ -435,13 +439,14 @@ def dplr_delta_rule_bwd_dh_kernel(
         b_du = tl.dot(b_bg, b_dh.to(b_bg.dtype), input_precision=DOT_PRECISION)
         b_du = tl.dot(tl.load(Aqb + o_ttT, mask=m_ttT, other=0.), b_do, b_du, input_precision=DOT_PRECISION)
         b_duc = b_du.to(b_do.dtype)
-        tl.store(du + o_tv, b_duc, mask=m_tv)
+        if STORE_CHUNKS:
+            tl.store(du + o_tv, b_duc, mask=m_tv)
         if USE_G:
             b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
             b_dh *= tl.exp(b_GL)[:, None]
         b_dh = tl.dot(tl.load(qg + o_kt, mask=m_kt, other=0.), b_do, b_dh, input_precision=DOT_PRECISION)
         b_dh = tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_duc, b_dh, input_precision=DOT_PRECISION)
-    if USE_INITIAL_STATE:
+    if STORE_INITIAL_STATE_GRADIENT:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
 
 
@@ -940,7 +945,8 @@ def _segment_entry_states(v, g, intra, initial_state, output_final_state, segmen
     sequence's segments, entry(s + 1) = M_s entry(s) + C_s.
 
     Returns:
-        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None.
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None; seg_transition: [S, H, K, K]
+        float32, each segment's transition (the backward's reverse scan takes its transpose).
     """
     H, K = intra[0].shape[2:]
     V = v.shape[-1]
@@ -951,7 +957,9 @@ def _segment_entry_states(v, g, intra, initial_state, output_final_state, segmen
     seg_transition = torch.empty(segments.count, H, K, K, **f32)
     _launch_fwd_h(v, g, intra, None, None, None, None, seg_transition, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, K, plan, transition=True)
-    return _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N, False, plan)
+    seg_entry, final_state = _segment_scan(seg_state, seg_transition, initial_state, output_final_state, segments, N,
+                                           False, plan)
+    return seg_entry, final_state, seg_transition
 
 
 def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
@@ -963,7 +971,7 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     Returns:
         o: [B, T, H, V] or None; h: [B, NT, H, K, V] (q's dtype; under varlen B == 1 and NT counts the
         chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
-        or None.
+        or None; seg_transition: [S, H, K, K] float32, each segment's transition (None without segments).
     """
     qg = intra[0]
     B, T, H, K = qg.shape
@@ -976,11 +984,60 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
     if segments is None:
         final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, chunk_offsets, N, V, plan)
-        return o, h, u, final_state
-    seg_entry, final_state = _segment_entry_states(v, g, intra, initial_state, output_final_state, segments, N, plan)
+        return o, h, u, final_state, None
+    seg_entry, final_state, seg_transition = _segment_entry_states(v, g, intra, initial_state, output_final_state,
+                                                                   segments, N, plan)
     _launch_fwd_h(v, g, intra, o, h, u, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, V, plan)
-    return o, h, u, final_state
+    return o, h, u, final_state, seg_transition
+
+
+def _launch_bwd_dh(g, intra, do, dh, du, dht, dh0, cu_seqlens, chunk_offsets, walks, plan):
+    """The state-gradient walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'),
+    chunks in reverse: dh [B, NT, H, K, V], the gradient at each chunk's end, and dU [B, T, H, V] (both None: not
+    stored), from dht [walks, H, K, V] float32, the gradient at each walk's end (None: zero); dh0 [walks, H, K, V]
+    float32, the gradient at each walk's start, or None."""
+    qg, _, bg, w, _, _, Aqb, _, _, _, g_last = intra
+    H, K = qg.shape[2:]
+    V = do.shape[-1]
+    cfg = plan.config("bwd_dh")
+    BV = launch.dot_tile(cfg.block_v, V)
+    dplr_delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), walks * H)](
+        g_last, qg, bg, w, Aqb, do, dht, dh, du, dh0, cu_seqlens, chunk_offsets, do.shape[1],
+        H=H, K=K, V=V, BT=plan.chunk_size, BK=launch.whole_dim_tile(K), BV=BV,
+        USE_G=g is not None, USE_FINAL_STATE_GRADIENT=dht is not None,
+        STORE_INITIAL_STATE_GRADIENT=dh0 is not None, STORE_CHUNKS=dh is not None, IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(do.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _chunk_dh(g, intra, do, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition, NT, plan):
+    """The state gradient at every chunk's end and dU (_launch_bwd_dh), and the initial state's gradient. With
+    ``segments`` the walk runs over the call's sequence segments: each segment's walk from a zero gradient, all at
+    once; the reverse scan with the segments' transposed transitions (seg_transition, from _chunk_h), which gives
+    the gradient at every segment's end; then the segments' walks from those.
+
+    Returns:
+        dh: [B, NT, H, K, V] in do's dtype; du: [B, T, H, V] in do's dtype; dh0: [N, H, K, V] float32, or None
+        when initial_state is None.
+    """
+    B, T, H, V = do.shape
+    K = intra[0].shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    f32 = dict(device=do.device, dtype=torch.float32)
+    dh = do.new_empty(B, NT, H, K, V)
+    du = torch.empty_like(do)
+    if segments is None:
+        dh0 = torch.empty(N, H, K, V, **f32) if initial_state is not None else None
+        _launch_bwd_dh(g, intra, do, dh, du, dht, dh0, cu_seqlens, chunk_offsets, N, plan)
+        return dh, du, dh0
+    seg_dstate = torch.empty(segments.count, H, K, V, **f32)
+    _launch_bwd_dh(g, intra, do, None, None, None, seg_dstate, segments.cu_seqlens, segments.chunk_offsets,
+                   segments.count, plan)
+    seg_dht, dh0 = _segment_scan(seg_dstate, seg_transition, dht, initial_state is not None, segments, N, True, plan)
+    _launch_bwd_dh(g, intra, do, dh, du, seg_dht, None, segments.cu_seqlens, segments.chunk_offsets, segments.count,
+                   plan)
+    return dh, du, dh0
 
 
 def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -1008,7 +1065,7 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
     # The intra-chunk products, the backward's ones included, are kept for the backward: recomputing
     # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
     intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
-    o, _, _, final_state = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
+    o, _, _, final_state, _ = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
                                     chunk_indices, chunk_offsets, segments, plan)
     return o, final_state, intra
 
@@ -1019,7 +1076,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
 
     Args: as chunk_fwd, plus saved (chunk_fwd's intra-chunk products, or () to recompute them),
         do: [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state). With segments
-        the recomputing fwd_h runs over them (and segment_scan), while bwd_dh walks whole sequences.
+        the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -1034,43 +1091,11 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
-    _, h, u, _ = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices, chunk_offsets, segments,
-                          plan)
+    _, h, u, _, seg_transition = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices,
+                                          chunk_offsets, segments, plan)
     is_varlen = cu_seqlens is not None
-
-    cfg = plan.config("bwd_dh")
-    BV = launch.dot_tile(cfg.block_v, V)
-    dh = torch.empty_like(h)
-    du = torch.empty_like(v)
-    dh0 = torch.empty_like(initial_state) if initial_state is not None else None
-    dplr_delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), N * H)](
-        g_last,
-        qg,
-        bg,
-        w,
-        Aqb,
-        do,
-        dht,
-        dh,
-        du,
-        dh0,
-        cu_seqlens,
-        chunk_offsets,
-        T,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=launch.whole_dim_tile(K),
-        BV=BV,
-        USE_G=g is not None,
-        USE_FINAL_STATE_GRADIENT=dht is not None,
-        USE_INITIAL_STATE=initial_state is not None,
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    dh, du, dh0 = _chunk_dh(g, intra, do, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition, NT,
+                            plan)
 
     cfg = plan.config("bwd_dv")
     BV = launch.dot_tile(cfg.block_v, V)

@@ -122,8 +122,7 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
         assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 64
 
 
-# The diagonal families' and the delta family's backward scan twice (the states again, then their gradients);
-# DPLR's once (its backward recomputes the states over the segments, and walks the state gradient whole).
+# Every family's backward scans twice: the states again (its recompute), then their gradients.
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks", "scans"), [
     ("linear_attn", None, 1, 3),
@@ -139,10 +138,10 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
     ("kda", None, 1, 3),
     ("kda", [0, 50, 50, 300], 2, 3),
     ("gated_delta_rule_rope", None, 2, 3),
-    ("dplr", None, 2, 2),
-    ("dplr", [0, 50, 50, 300], 1, 2),
-    ("rwkv7", None, 1, 2),
-    ("rwkv7", [0, 50, 50, 300], 3, 2),
+    ("dplr", None, 2, 3),
+    ("dplr", [0, 50, 50, 300], 1, 3),
+    ("rwkv7", None, 1, 3),
+    ("rwkv7", [0, 50, 50, 300], 3, 3),
 ])
 def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, scans, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
