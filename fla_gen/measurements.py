@@ -278,7 +278,10 @@ SOURCES: dict[str, Source] = {
         "(16: 1.48x), 2.16 at 32 (32); forward+backward 10.21-10.23 whole, 8.45 at 64 (1.21x). At 1x4096: 0.799-0.801 "
         "whole, 0.608-0.609 at 32 or 16 chunks (1.31x); forward+backward 2.60 -> 2.26-2.30. At 4x4096 (64 walks): "
         "1.70 whole, 2.09-2.15 split (0.79-0.81x), forward+backward 6.58 -> 7.30-7.46. RWKV-7 (the same kernels) at "
-        "1x65536: 12.29-12.35 whole, 8.03-8.07 split (1.53x)", _H100),
+        "1x65536: 12.29-12.35 whole, 8.03-8.07 split (1.53x). The backward's state-gradient walk split on the same "
+        "segments (a reverse scan with the transposed transitions), each build in its own process, 2 rounds, at "
+        "1x16384: forward+backward 8.421 -> 7.447 ms (DPLR), 8.401 -> 7.427 (RWKV-7); whole walk 10.17-10.22 in the "
+        "same process as the split's 7.43-7.46", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),
