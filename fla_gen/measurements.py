@@ -72,11 +72,12 @@ SOURCES: dict[str, Source] = {
                              "all at once; a scan over the segments (this kernel); then the walks from every "
                              "segment's entering state (fla_gen/runtime/segments.py)"),
     "split-delta": Source(
-        "rule, at run time (the delta family): a long sequence splits into segments of whole chunks as the "
+        "rule, at run time (the delta family, DPLR): a long sequence splits into segments of whole chunks as the "
         "algorithm's SegmentRule says: each segment's state from zero and its transition (the product of its "
         "chunks' [K, K] transitions, a walk from the identity), all at once; a scan over the segments, "
         "entry(s + 1) = M_s entry(s) + C_s, the state in fp32 and the product a tf32x3 dot (this kernel); then the "
-        "walk from every segment's entering state (fla_gen/runtime/segments.py)"),
+        "walk from every segment's entering state (fla_gen/runtime/segments.py). The backward's state-gradient "
+        "walk splits the same way in reverse, its scan taking each M_s transposed"),
     "fused-walk": Source("rule, at run time: the forward runs as one walk that also writes the outputs (fwd_fused) "
                          "while its V/BV*N*H programs reach min_sm_share of the GPU's SMs, BV halving to 32 to get "
                          "there (launch.fused_walk_block_v); else fwd_h + fwd_o"),
