@@ -1066,7 +1066,7 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
     # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
     intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     o, _, _, final_state, _ = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
-                                    chunk_indices, chunk_offsets, segments, plan)
+                                       chunk_indices, chunk_offsets, segments, plan)
     return o, final_state, intra
 
 
@@ -1087,7 +1087,6 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
@@ -1096,6 +1095,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     is_varlen = cu_seqlens is not None
     dh, du, dh0 = _chunk_dh(g, intra, do, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition, NT,
                             plan)
+    del seg_transition
 
     cfg = plan.config("bwd_dv")
     BV = launch.dot_tile(cfg.block_v, V)

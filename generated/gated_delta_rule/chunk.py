@@ -1415,7 +1415,6 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     B, T, HK, K = q.shape
     H, V = v.shape[-2:]
     BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
@@ -1424,7 +1423,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     del u
     dh, dv_new, dh0 = _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition,
                                 NT, scale, plan)
-    del w, dv_local, g_cum
+    del w, dv_local, g_cum, seg_transition
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

@@ -1480,7 +1480,6 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     B, T, HK, K = q.shape
     H, V = v.shape[-2:]
     BT = plan.chunk_size
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -1492,7 +1491,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     del u
     dh, dv_new, dh0 = _chunk_dh(q, k, w, qg, kd, G, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments,
                                 seg_transition, NT, scale, plan)
-    del w, dv_local, kd, qg
+    del w, dv_local, kd, qg, seg_transition
 
     cfg = plan.config("bwd_dqk")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
