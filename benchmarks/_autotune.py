@@ -15,6 +15,8 @@ import argparse
 import atexit
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 PICK_SUFFIX = ".autotune.json"
@@ -27,25 +29,38 @@ def triton_cache_dir() -> Path:
 
 def copy_picks(source: Path, target: Path) -> int:
     """Copy every ``*.autotune.json`` under ``source`` to the same relative path under ``target`` (the relative
-    path is Triton's cache key: the file is found again only there). Returns how many were copied."""
+    path is Triton's cache key: the file is found again only there), each through a temporary file and a rename,
+    so that a process killed mid-copy leaves no half-written pick. Returns how many were copied."""
     count = 0
     for pick in sorted(source.rglob(f"*{PICK_SUFFIX}")):
         dest = target / pick.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(pick, dest)
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        shutil.copyfile(pick, partial)
+        os.replace(partial, dest)
         count += 1
     return count
 
 
-def keep_autotune_picks(picks: Path) -> int:
+def keep_autotune_picks(picks: Path, every_s: float = 20.0) -> int:
     """Turn on Triton's autotune cache for this process and the processes it starts, restore the picks kept in
-    ``picks`` into Triton's cache now, and copy every pick the cache holds back into ``picks`` at exit. Call it
-    before the first autotuned launch. Returns how many picks were restored."""
+    ``picks`` into Triton's cache now, and copy every pick the cache holds back into ``picks`` every ``every_s``
+    seconds and at exit. The copies along the way keep what fla autotuned before a time limit killed the process
+    (a kill skips the copy at exit; one sweep lost minutes of fla's autotuning so). Call it before the first
+    autotuned launch. Returns how many picks were restored."""
     os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     cache = triton_cache_dir()
     picks.mkdir(parents=True, exist_ok=True)
+    restored = copy_picks(picks, cache)
     atexit.register(copy_picks, cache, picks)
-    return copy_picks(picks, cache)
+
+    def collect() -> None:
+        while True:
+            time.sleep(every_s)
+            copy_picks(cache, picks)
+
+    threading.Thread(target=collect, name="keep-autotune-picks", daemon=True).start()
+    return restored
 
 
 def use_autotune_picks(picks: Path | None, prefix: str = "") -> None:

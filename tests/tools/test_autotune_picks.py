@@ -47,6 +47,28 @@ assert (cache / "KEYA" / "chunk_fwd_kernel.autotune.json").read_text() == '{{"ke
     assert (picks / "KEYB" / "chunk_bwd_kernel.autotune.json").read_text() == '{"key": "b"}'
 
 
+def test_picks_are_collected_while_the_process_runs(tmp_path):
+    """A process killed before it exits (a benchmark's time limit) still leaves the picks it autotuned more than one
+    collection interval before the kill."""
+    picks, cache = tmp_path / "picks", tmp_path / "cache"
+    child = f"""
+import os, signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {str(REPO_ROOT / "benchmarks")!r})
+import _autotune
+assert _autotune.keep_autotune_picks(Path({str(picks)!r}), every_s=0.05) == 0
+(Path({str(cache)!r}) / "KEYC").mkdir(parents=True)
+(Path({str(cache)!r}) / "KEYC" / "chunk_fwd_kernel.autotune.json").write_text('{{"key": "c"}}')
+time.sleep(1.0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    run = subprocess.run([sys.executable, "-c", child], env=env)
+    assert run.returncode == -9
+    assert (picks / "KEYC" / "chunk_fwd_kernel.autotune.json").read_text() == '{"key": "c"}'
+    assert not [p for p in picks.rglob("*") if p.name.endswith(".partial")]
+
+
 def test_cache_dir_follows_triton(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     assert _autotune.triton_cache_dir() == tmp_path
