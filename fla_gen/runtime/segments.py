@@ -7,18 +7,20 @@ into segments of whole chunks:
 
 1. each segment's state from a zero start, all segments at once (the walk kernel in segment mode, with no
    per-chunk stores), and how a state crosses the segment: its total log gate where the transition is a
-   diagonal decay (linear attention, scalar and per-key-channel gates), or, in the delta family, its [K, K]
-   transition M_s, the product of its chunks' transitions (the same walk from the identity, with no values);
+   diagonal decay (linear attention, scalar and per-key-channel gates), or, in the delta family and DPLR, its
+   [K, K] transition M_s, the product of its chunks' transitions (the same walk from the identity, no values);
 2. a scan over each sequence's segments: entering(s + 1) = exp(gate(s)) * entering(s) + local(s), or
    M_s entering(s) + local(s), started at the initial state; the last one is the final state (the
    segment_scan kernel);
 3. the walk again, every segment from its entering state, writing what the call needs (outputs, or the
    per-chunk states), all segments at once.
 
-The diagonal families' backward runs the same three steps in reverse for the state gradient; the delta family's
-recomputes its chunk states over the segments and walks the state gradient whole. Segments are whole chunks,
-so the chunk numbering (the per-chunk states h[chunk], the chunk-parallel kernels) is the unsplit call's: a
-segment is a packed sequence of the segment-mode walk, and only the walks see segments.
+The backward recomputes the states over the segments, then runs the same three steps in reverse for the state
+gradient: the diagonal families' scan reuses the segments' total gates, the others' each M_s transposed (the
+gradient crosses a segment by the adjoint of its affine map, which the recompute's transitions give).
+
+Segments are whole chunks, so the chunk numbering (the per-chunk states h[chunk], the chunk-parallel kernels) is
+the unsplit call's: a segment is a packed sequence of the segment-mode walk, and only the walks see segments.
 
 Nothing here reads a tensor's values on the device: the tables come from shapes, or from the CPU copy of
 ``cu_seqlens`` that the chunk tables already need.
