@@ -64,6 +64,9 @@ def test_plan_rejects_unknown_arch():
     ("gated_delta_rule", "1x8192x16", ["not split", "too short"]),
     # 64 walks: whole; the whole-K walk halves V only, while its programs fill at most half the SMs
     ("gated_delta_rule", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_h        [128, 64] tiles"]),
+    # DPLR's rule: two (segment, head) walks per SM, 16 segments of 64 of its 16-token chunks; 64 walks: whole
+    ("rwkv7", "1x16384x16", ["split into segments of 64 chunks", "16 segments of 1024 tokens"]),
+    ("dplr", "4x4096x16", ["not split: 64 (sequence, head) walks"]),
 ])
 def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
     assert main(["plan", str(REPO_ROOT / "specs" / f"{spec}.fla"), "--arch", "sm90", "--call", call]) == 0
