@@ -35,7 +35,8 @@ def copy_picks(source: Path, target: Path) -> int:
     for pick in sorted(source.rglob(f"*{PICK_SUFFIX}")):
         dest = target / pick.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        # named per thread too: the collecting thread and the copy at exit can run at once in one process
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.partial")
         shutil.copyfile(pick, partial)
         os.replace(partial, dest)
         count += 1
