@@ -37,6 +37,16 @@ SOURCES: dict[str, Source] = {
                      "over V around a once-built [BT, BT] product: the product serves all of V at once"),
     "whole-k": Source("rule: whole K with a [K, BV] fp32 state tile in registers; BV = 64 / 32 / 16 at head dim 64 / "
                       "128 / 256 keeps it from spilling (fla-gen aot) and gives the sequential walk more programs"),
+    "solve-one-warp": Source(
+        "rule: the delta family's fwd_solve (the chunk's A and its blockwise inverse) on one warp, although it "
+        "spills ~600 B there (sm80, sm90; fla-gen aot). Measured on the H200 (bf16, the real ops through plan "
+        "overrides, 3 alternating rounds in one process per shape, the fused fwd_wu's build in processes before "
+        "and after): Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward 0.810-0.816 ms with the "
+        "fused fwd_wu (2 warps); split, fwd_solve on 4 warps 1.020-1.022, on 2 0.831-0.833, on 1 0.775-0.778 "
+        "(fwd_wu on 2) and 0.761-0.763 (fwd_wu on 4); forward+backward 3.94-3.96 fused, 3.82-3.83 split (1, 4). "
+        "The delta rule at 4x4096x16x128: forward 0.325-0.327 fused; split 0.425-0.428 (4 warps), 0.339-0.340 "
+        "(2), 0.322-0.324 (1), 0.317-0.318 (1, fwd_wu on 4); forward+backward 1.33 both. fla-core's autotune "
+        "picks one warp for its kkt_solve there too (0.19 ms on 1 warp against 0.60 on 4). Not measured off sm90"),
     "sub-chunk": Source("rule: one program per 16-token sub-chunk; its 16-row dots are mma.sync on every target"),
     "sub-chunk-loop": Source("rule: one program per sub-chunk and K tile; the loop over the other sub-chunks has at "
                              "most BT / 16 - 1 steps, too few to pipeline"),
@@ -145,12 +155,6 @@ SOURCES: dict[str, Source] = {
         "-> 0.160 at 4x4096x16x128 and 0.301 -> 0.281 at 2x8192x8x256, bwd_dh 0.170 -> 0.155 and 0.302 -> 0.257. "
         "Not the scalar-gate walks at head dim 128 (fwd_h 0.094 at 3 stages against 0.096, bwd_dh 0.098 against "
         "0.101)", _H100),
-    "h100-delta-fwd-wu-warps": Source(
-        "the delta family's fwd_wu on 2 warps against 4 (its dots and forward substitution work on 16x16 blocks, "
-        "too small to share among 4 warps), sweep_plans.py --stages fwd_wu: kernel 0.315 -> 0.220 ms "
-        "(the gated delta rule) and 0.300 -> 0.205 (the delta rule) at 4x4096x16x128; 0.559 -> 0.357 and 0.501 "
-        "-> 0.323 at "
-        "8x2048x32x64; 0.213 -> 0.167 and 0.202 -> 0.161 at 2x8192x8x256", _H100),
     "h100-delta-fwd-h-128": Source(
         "the delta family's fwd_h at head dim 128, [128, 64] state tile, 4 warps, 3 stages (fla-core's autotuned "
         "pick for its walk), kernel alone: 0.173 -> 0.147 ms at 4x4096x16x128 against the rule's [128, 32] at 2 "
@@ -283,6 +287,10 @@ SOURCES: dict[str, Source] = {
         "segments (a reverse scan with the transposed transitions), each build in its own process, 2 rounds, at "
         "1x16384: forward+backward 8.421 -> 7.447 ms (DPLR), 8.401 -> 7.427 (RWKV-7); whole walk 10.17-10.22 in the "
         "same process as the split's 7.43-7.46", _H100),
+    "h200-delta-wu-warps": Source(
+        "fwd_wu (W and U from fwd_solve's stored inverse) on 4 warps against 2, fwd_solve on 1, as in "
+        "solve-one-warp: the gated delta rule (4x4096, HV=32) forward 0.775-0.778 -> 0.761-0.763 ms, the "
+        "delta rule (4x4096x16x128) 0.322-0.324 -> 0.317-0.318", _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),

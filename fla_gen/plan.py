@@ -240,6 +240,8 @@ _CHANNEL_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BT", "BK"), ("BK", "B
 _CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
                             max_block_k=(32, "aot-dqkg-bk32"))
 
+# The delta family's fwd_solve on one warp, on every target: the measured sm90 rule (its source's prose).
+_SOLVE_WARPS = tuple(ArchRule(a, 1, "solve-one-warp") for a in ARCH_NAMES)
 _DPLR_DA_WARPS = tuple(ArchRule(a, 8, "aot-dplr-da-warps") for a in ARCH_NAMES)
 # The entry-wise pairwise kernels' warps, measured on sm90 (4, the default elsewhere). With RWKV-7 gates
 # fwd_intra takes the factored dots, where 2 warps were faster still: the measured bf16 entries of
@@ -275,10 +277,12 @@ ALGORITHMS: dict[str, Algorithm] = {
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
                    _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
                   chunked=True, segment_rule=DIAGONAL_SPLIT),
-        # Delta family (WY / UT transform): the fwd_wu kernel builds (I + A)^-1 by forward substitution on
-        # 16x16 blocks merged with dots; fwd_h and bwd_dh walk the chunks with a whole-K state tile.
+        # Delta family (WY / UT transform): fwd_solve builds (I + A)^-1 by forward substitution on 16x16 blocks
+        # merged with dots, on one warp; fwd_wu W and U from it on the tile rule's warps; fwd_h and bwd_dh walk
+        # the chunks with a whole-K state tile.
         Algorithm("chunk_delta", "kernels/chunk_delta.jinja",
-                  (KernelShape("fwd_wu", (("BT", "BK"), ("BK", "BT"), ("BT", "BV"), ("BT", "BV")),
+                  (KernelShape("fwd_solve", (("BT", "BK"), ("BK", "BT")), warps=_SOLVE_WARPS),
+                   KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
                                (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
                    KernelShape("fwd_h", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True,
                                small_grid_split=WHOLE_K_GRID_SPLIT),

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gated_delta_rule_rope.fla`.
 """chunk_gated_delta_rule_rope: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta (gated_delta_rule_rope_fwd_wu_kernel, gated_delta_rule_rope_fwd_h_kernel, gated_delta_rule_rope_fwd_o_kernel, gated_delta_rule_rope_fwd_fused_kernel, gated_delta_rule_rope_bwd_dh_kernel, gated_delta_rule_rope_bwd_dqk_kernel, gated_delta_rule_rope_bwd_wy_kernel, gated_delta_rule_rope_segment_scan_kernel).
+Kernels: chunk_delta (gated_delta_rule_rope_fwd_solve_kernel, gated_delta_rule_rope_fwd_wu_kernel, gated_delta_rule_rope_fwd_h_kernel, gated_delta_rule_rope_fwd_o_kernel, gated_delta_rule_rope_fwd_fused_kernel, gated_delta_rule_rope_bwd_dh_kernel, gated_delta_rule_rope_bwd_dqk_kernel, gated_delta_rule_rope_bwd_wy_kernel, gated_delta_rule_rope_segment_scan_kernel).
 """
 
 import torch
@@ -30,42 +30,31 @@ from .transforms import gated_delta_rule_rope_transforms
 
 
 @triton.jit(do_not_specialize=["T"])
-def gated_delta_rule_rope_fwd_wu_kernel(
-    q,
+def gated_delta_rule_rope_fwd_solve_kernel(
     k,
-    v,
     g,
-    g_cum,
     beta,
-    do,
     Ai,
-    w,
-    u,
-    dv_local,
     cu_seqlens,
     chunk_indices,
-    scale,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
-    BV: tl.constexpr,
     USE_G: tl.constexpr,
-    DV_LOCAL: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
-    # rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are masked out entirely, so the same code
-    # serves BT = 16, 32 and 64.
+    # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
+    # handled as four 16-row blocks (block c holds rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are
+    # masked out entirely, so the same code serves BT = 16, 32 and 64.
     #   1. A blocks A_cd = beta_c exp(G_c - G_d) K_c K_d^T (c >= d; diagonal blocks strictly lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
-    #      diag(beta exp(G)) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
-    #      the blocks without any layout shuffle in registers).
-    #   4. With DV_LOCAL (backward), also dv_local = P^T do, P^T[j, i] = scale exp(G_i - G_j) k_j . q_i.
+    #   3. Ai is stored in the input dtype.
+    # A launch of its own, apart from fwd_wu's W and U: the substitution's 16x16 steps run best on one warp,
+    # those [BT, BT] x [BT, BK] dots on four (the plan's fwd_solve and fwd_wu stages; on one warp this kernel
+    # spills ~600 B on sm80 / sm90 and is still the fastest measured, fla_gen/measurements.py).
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -82,9 +71,9 @@ def gated_delta_rule_rope_fwd_wu_kernel(
     o_i = tl.arange(0, BT)
     m_t = i_tc * BT + o_i < T_seq
     t0 = bos + i_tc * BT
-    o_c = tl.arange(0, 16)
     k_c = k + t0 * H * K + i_h * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
+    o_c = tl.arange(0, 16)
     # rows of block c within the chunk, and which of them are real tokens of this chunk
     o_r0 = o_c
     o_r1 = o_c + 16
@@ -207,8 +196,7 @@ def gated_delta_rule_rope_fwd_wu_kernel(
     b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
     b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
 
-    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them),
-    #    then read Ai back whole; the barrier makes every thread's stores visible to the whole program.
+    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r0[None, :], b_Ai10.to(Ai.dtype.element_ty), mask=m_r1[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r1[None, :], b_Ai11.to(Ai.dtype.element_ty), mask=m_r1[:, None])
@@ -219,7 +207,57 @@ def gated_delta_rule_rope_fwd_wu_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
-    tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["T"])
+def gated_delta_rule_rope_fwd_wu_kernel(
+    q,
+    k,
+    v,
+    g,
+    g_cum,
+    beta,
+    do,
+    Ai,
+    w,
+    u,
+    dv_local,
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_G: tl.constexpr,
+    DV_LOCAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # One program per (chunk, batch * head): W = Ai diag(beta exp(G)) K and U = Ai diag(beta) V as full-size dots,
+    # from the chunk's inverse Ai that fwd_solve stored, read as one [BT, BT] tile; the chunk-local cumulative gate
+    # g_cum for the sequential walks. With DV_LOCAL (backward), also dv_local = P^T do,
+    # P^T[j, i] = scale exp(G_i - G_j) k_j . q_i.
+    tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        # chunk_indices[i_t] = (sequence, chunk within it).
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        i_tc = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+    o_i = tl.arange(0, BT)
+    m_t = i_tc * BT + o_i < T_seq
+    t0 = bos + i_tc * BT
+    k_c = k + t0 * H * K + i_h * K
+    Ai_c = Ai + t0 * H * BT + i_h * BT
     m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
     b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
 
@@ -1039,7 +1077,8 @@ def gated_delta_rule_rope_bwd_wy_kernel(
 
 
 def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
-    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
+    """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
+    also dv_local = P^T do (backward).
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
@@ -1057,6 +1096,24 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan):
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
+    solve_cfg = plan.config("fwd_solve")
+    gated_delta_rule_rope_fwd_solve_kernel[(NT, B * H)](
+        k,
+        g,
+        beta,
+        Ai,
+        cu_seqlens,
+        chunk_indices,
+        T,
+        H=H,
+        K=K,
+        BT=BT,
+        BK=launch.dot_tile(solve_cfg.block_k, K),
+        USE_G=g is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=solve_cfg.num_warps,
+        num_stages=solve_cfg.num_stages,
+    )
     gated_delta_rule_rope_fwd_wu_kernel[(NT, B * H)](
         q,
         k,

@@ -11,6 +11,7 @@ from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_arch_plans_as, s
 # chunk_delta: the chunked kernels
 CHUNK_PLANS = {
     ("sm80", "bf16", 64): Plan("sm80", "bf16", 64, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -21,6 +22,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -31,6 +33,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -41,6 +44,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -51,6 +55,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -61,7 +66,8 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -71,7 +77,8 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 1, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -80,17 +87,8 @@ CHUNK_PLANS = {
         ("bwd_wy", LaunchConfig(64, 64, 4, 1, source="tiles")),
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
-    ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
-        ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-delta")),
-        ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
-        ("bwd_dqk", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_wy", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
-    )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -101,6 +99,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -111,7 +110,8 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-delta")),
@@ -121,7 +121,8 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="h200-delta-wu-warps")),
         ("fwd_h", LaunchConfig(128, 64, 4, 3, source="h100-delta-fwd-h-128,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 32, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-delta")),
@@ -131,7 +132,8 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
-        ("fwd_wu", LaunchConfig(64, 64, 2, 3, source="h100-delta-fwd-wu-warps")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 32, 4, 3, source="h100-delta-fwd-h-256,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-delta")),
@@ -141,6 +143,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -151,6 +154,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -161,6 +165,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-delta")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -171,6 +176,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -181,6 +187,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_h", LaunchConfig(256, 16, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -191,6 +198,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -201,6 +209,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta")),
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
+        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k,split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -215,7 +224,6 @@ CHUNK_PLANS = {
 CHUNK_PLANS.update(same_arch_plans_as(CHUNK_PLANS, "sm86", "sm89"))
 # fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
 CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
-    ("sm90", 64),
     ("sm90", 128),
     ("sm90", 256),
 )))

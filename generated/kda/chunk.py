@@ -367,12 +367,12 @@ def kda_fwd_wu_kernel(
     # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
     # rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are masked out entirely, so the same code
     # serves BT = 16, 32 and 64.
-    #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
+    #   1. A blocks A_cd = beta_c M_cd (c >= d; diagonal blocks strictly lower).
     #   2. Ai_cc = (I + A_cc)^{-1} as a product of powers of A_cc, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
     #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
-    #      diag(beta) K and U = Ai diag(beta) V as full-size dots (the round trip through memory assembles
-    #      the blocks without any layout shuffle in registers).
+    #      diag(beta) (K * exp(G)) and U = Ai diag(beta) V as full-size dots (the round trip through memory
+    #      assembles the blocks without any layout shuffle in registers).
     #   4. With DV_LOCAL (backward), also dv_local = P^T do, P = A_qk from fwd_A (loaded transposed).
     # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
     # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
@@ -400,9 +400,9 @@ def kda_fwd_wu_kernel(
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
     i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
-    o_c = tl.arange(0, 16)
     k_c = k + t0 * HK * K + i_hk * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
+    o_c = tl.arange(0, 16)
     # rows of block c within the chunk, and which of them are real tokens of this chunk
     o_r0 = o_c
     o_r1 = o_c + 16
@@ -486,8 +486,7 @@ def kda_fwd_wu_kernel(
     b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
     b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
 
-    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them),
-    #    then read Ai back whole; the barrier makes every thread's stores visible to the whole program.
+    # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r0[None, :], b_Ai10.to(Ai.dtype.element_ty), mask=m_r1[:, None])
     tl.store(Ai_c + o_r1[:, None] * (H * BT) + o_r1[None, :], b_Ai11.to(Ai.dtype.element_ty), mask=m_r1[:, None])
@@ -498,6 +497,7 @@ def kda_fwd_wu_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
+    # the barrier makes every thread's stores of Ai visible to the whole program before the read-back
     tl.debug_barrier()
     m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
     b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
@@ -1134,7 +1134,8 @@ def kda_bwd_dqkg_kernel(
 
 
 def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
-    """W, U and the inverse Ai of every chunk; with do given also dv_local = P^T do (backward).
+    """W, U and the inverse Ai of every chunk; with do given
+    also dv_local = P^T do (backward).
 
     G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] from _chunk_A.
 
