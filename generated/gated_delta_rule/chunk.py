@@ -1360,8 +1360,8 @@ def _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chun
 
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
-    """Chunked forward of the gated delta rule: fwd_wu, then fwd_fused (the state walk that
-    also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
+    """Chunked forward of the gated delta rule: fwd_solve and fwd_wu, then fwd_fused (the state
+    walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
@@ -1377,7 +1377,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
             sequences. With segments the state walk runs over them, from the states entering them (a walk from
             zero and one from the identity per segment, and a scan).
-        plan: the Plan (stages fwd_wu, fwd_fused or fwd_h and fwd_o; segment_scan; chunk_size 16, 32 or 64).
+        plan: the Plan (stages fwd_solve, fwd_wu, fwd_fused or fwd_h and fwd_o; segment_scan; chunk_size 16, 32
+            or 64).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -1460,12 +1461,12 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
 
 
 def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
-    """Chunked backward: 5 kernels (fwd_wu and fwd_h recompute W, U, Ai, the chunk states and v_new;
-    then bwd_dh, bwd_dqk, bwd_wy).
+    """Chunked backward: 6 kernels (fwd_solve, fwd_wu and fwd_h recompute Ai, W, U, the chunk states and
+    v_new; then bwd_dh, bwd_dqk, bwd_wy).
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
-        None (gradient of the final state). Plan stages: fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy; with segments
-        the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
+        None (gradient of the final state). Plan stages: fwd_solve, fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy; with
+        segments the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
