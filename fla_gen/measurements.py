@@ -287,6 +287,12 @@ SOURCES: dict[str, Source] = {
         "segments (a reverse scan with the transposed transitions), each build in its own process, 2 rounds, at "
         "1x16384: forward+backward 8.421 -> 7.447 ms (DPLR), 8.401 -> 7.427 (RWKV-7); whole walk 10.17-10.22 in the "
         "same process as the split's 7.43-7.46", _H100),
+    "h200-delta-solve-stages": Source(
+        "fwd_solve on one warp at 2 pipeline stages against the tile rule's 3 and against 1, fwd_wu on 4 warps (the "
+        "plan of solve-one-warp), the real op through plan overrides, 3 alternating rounds in one process, H200, "
+        "bf16: Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward 0.757-0.759 ms at 3 stages, "
+        "0.739-0.742 at 2 (worst round 1.022x), 0.761-0.765 at 1; forward+backward 3.80-3.82, 3.77-3.78, "
+        "3.81-3.83. fwd_wu at 2 stages (0.767-0.771) or on 8 warps (0.766-0.772) was slower", _H100),
     "h200-delta-wu-warps": Source(
         "fwd_wu (W and U from fwd_solve's stored inverse) on 4 warps against 2, fwd_solve on 1, as in "
         "solve-one-warp: the gated delta rule (4x4096, HV=32) forward 0.775-0.778 -> 0.761-0.763 ms, the "

@@ -38,6 +38,7 @@ TUNED: dict[str, dict[Key, Tuned]] = {
         ("chunk_channel_gate", "fwd_h", "bf16", 256): Tuned(64, 64, 8, 4, "h100-walk-4-stages"),
         ("chunk_channel_gate", "bwd_dh", "bf16", 128): Tuned(64, 64, 8, 4, "h100-walk-4-stages"),
         ("chunk_channel_gate", "bwd_dh", "bf16", 256): Tuned(64, 64, 8, 4, "h100-walk-4-stages"),
+        ("chunk_delta", "fwd_solve", "bf16", 128): Tuned(64, 64, 1, 2, "h200-delta-solve-stages"),
         ("chunk_delta", "fwd_wu", "bf16", 128): Tuned(64, 64, 4, 3, "h200-delta-wu-warps"),
         ("chunk_delta", "fwd_h", "bf16", 128): Tuned(128, 64, 4, 3, "h100-delta-fwd-h-128"),
         ("chunk_delta", "fwd_h", "bf16", 256): Tuned(256, 32, 4, 3, "h100-delta-fwd-h-256"),

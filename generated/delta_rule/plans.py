@@ -121,7 +121,7 @@ CHUNK_PLANS = {
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-delta")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
-        ("fwd_solve", LaunchConfig(64, 64, 1, 3, source="tiles,solve-one-warp")),
+        ("fwd_solve", LaunchConfig(64, 64, 1, 2, source="h200-delta-solve-stages")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="h200-delta-wu-warps")),
         ("fwd_h", LaunchConfig(128, 64, 4, 3, source="h100-delta-fwd-h-128,split-whole-k,h100-split-whole-k")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
