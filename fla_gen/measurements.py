@@ -39,10 +39,10 @@ SOURCES: dict[str, Source] = {
                       "128 / 256 keeps it from spilling (fla-gen aot) and gives the sequential walk more programs"),
     "solve-one-warp": Source(
         "rule: the delta family's fwd_solve (the chunk's A and its blockwise inverse) on one warp, although it "
-        "spills ~600 B there (sm80, sm90; fla-gen aot). Measured on the H200 (bf16, the real ops through plan "
-        "overrides, 3 alternating rounds in one process per shape, the fused fwd_wu's build in processes before "
-        "and after): Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward 0.810-0.816 ms with the "
-        "fused fwd_wu (2 warps); split, fwd_solve on 4 warps 1.020-1.022, on 2 0.831-0.833, on 1 0.775-0.778 "
+        "spills 560-810 B there (sm80, sm89, sm90, sm100; fla-gen aot). Measured on the H200 (bf16, the real ops "
+        "through plan overrides, 3 alternating rounds in one process per shape, the fused fwd_wu's build in "
+        "processes before and after): Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward "
+        "0.810-0.816 ms with the fused fwd_wu (2 warps); split, fwd_solve on 4 warps 1.020-1.022, on 2 0.831-0.833, on 1 0.775-0.778 "
         "(fwd_wu on 2) and 0.761-0.763 (fwd_wu on 4); forward+backward 3.94-3.96 fused, 3.82-3.83 split (1, 4). "
         "The delta rule at 4x4096x16x128: forward 0.325-0.327 fused; split 0.425-0.428 (4 warps), 0.339-0.340 "
         "(2), 0.322-0.324 (1), 0.317-0.318 (1, fwd_wu on 4); forward+backward 1.33 both. fla-core's autotune "

@@ -45,13 +45,14 @@ def delta_rule_fwd_solve_kernel(
     # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
     # handled as four 16-row blocks (block c holds rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are
     # masked out entirely, so the same code serves BT = 16, 32 and 64.
-    #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly lower).
+    #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly
+    #      lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
     #   3. Ai is stored in the input dtype.
     # A launch of its own, apart from fwd_wu's W and U: the substitution's 16x16 steps run best on one warp,
     # those [BT, BT] x [BT, BK] dots on four (the plan's fwd_solve and fwd_wu stages; on one warp this kernel
-    # spills ~600 B on sm80 / sm90 and is still the fastest measured, fla_gen/measurements.py).
+    # spills 560-810 B on sm80-sm100 and is still the fastest measured, fla_gen/measurements.py).
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
