@@ -7,6 +7,13 @@ in the kernel's cache directory, keyed by the kernel's source, its configs and t
 process then takes the same pick without timing anything. A fresh machine has an empty cache, so the picks are
 kept in a directory of their own here (a few KB each, unlike the compiled kernels): restored into Triton's cache
 before the run, collected back after it.
+
+Picks are kept per measured shape (``<DIR>/<tag>``). fla's autotune keys leave the batch and the sequence length
+out (``chunk_gated_delta_rule_fwd_kernel_h_blockdim64`` keys on H, K, V, BT and the dtypes), so one directory for
+every shape gave a 1x16384 call whichever config fla had timed first at, say, 4x4096; fla-core's forward time at
+1x16384 then differed by 20-30% between two of our tools. A fresh fla process tunes at the shape it meets first;
+per-shape picks reproduce that. For the same reason every pick is cleared from Triton's cache before the restore:
+an earlier process on the machine, at another shape, leaves its picks there.
 """
 
 from __future__ import annotations
@@ -43,14 +50,34 @@ def copy_picks(source: Path, target: Path) -> int:
     return count
 
 
+def clear_picks(cache: Path) -> int:
+    """Delete every ``*.autotune.json`` under ``cache`` (compiled kernels stay). Returns how many."""
+    count = 0
+    for pick in cache.rglob(f"*{PICK_SUFFIX}") if cache.is_dir() else ():
+        pick.unlink(missing_ok=True)
+        count += 1
+    return count
+
+
+def shape_picks_dir(picks: Path, tag: str) -> Path:
+    """The directory under ``picks`` that keeps one measured shape's picks: ``tag`` (e.g. ``1x16384x16x128``,
+    ``varlen:32x256-8192x16x128``) with every character but letters, digits, ``.`` and ``-`` as ``_``."""
+    name = "".join(c if c.isalnum() or c in ".-" else "_" for c in tag)
+    if not name.strip("._"):
+        raise ValueError(f"autotune picks: {tag!r} names no shape")
+    return picks / name
+
+
 def keep_autotune_picks(picks: Path, every_s: float = 20.0) -> int:
-    """Turn on Triton's autotune cache for this process and the processes it starts, restore the picks kept in
-    ``picks`` into Triton's cache now, and copy every pick the cache holds back into ``picks`` every ``every_s``
-    seconds and at exit. The copies along the way keep what fla autotuned before a time limit killed the process
-    (a kill skips the copy at exit; one sweep lost minutes of fla's autotuning so). Call it before the first
-    autotuned launch. Returns how many picks were restored."""
+    """Turn on Triton's autotune cache for this process and the processes it starts, clear every pick from
+    Triton's cache, restore the picks kept in ``picks`` into it now, and copy every pick the cache holds back into
+    ``picks`` every ``every_s`` seconds and at exit. The copies along the way keep what fla autotuned before a time
+    limit killed the process (a kill skips the copy at exit; one sweep lost minutes of fla's autotuning so). Call it
+    before the first autotuned launch, with one shape's directory (shape_picks_dir). Returns how many picks were
+    restored."""
     os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     cache = triton_cache_dir()
+    clear_picks(cache)
     picks.mkdir(parents=True, exist_ok=True)
     restored = copy_picks(picks, cache)
     atexit.register(copy_picks, cache, picks)
@@ -64,17 +91,21 @@ def keep_autotune_picks(picks: Path, every_s: float = 20.0) -> int:
     return restored
 
 
-def use_autotune_picks(picks: Path | None, prefix: str = "") -> None:
-    """``keep_autotune_picks(picks)`` when ``--autotune-picks`` was given (``picks`` not None), saying how many
-    picks it restored (``prefix`` starts the line)."""
-    if picks:
-        restored = keep_autotune_picks(picks)
-        print(f"{prefix}{restored} fla autotune picks restored from {picks}", flush=True)
+def use_autotune_picks(picks: Path | None, tag: str, prefix: str = "") -> int | None:
+    """``keep_autotune_picks`` on ``tag``'s directory under ``picks`` when ``--autotune-picks`` was given (``picks``
+    not None), saying how many picks it restored (``prefix`` starts the line). ``tag``: the shape (or shapes) this
+    process times fla at. Returns the count, or None without ``picks``."""
+    if not picks:
+        return None
+    where = shape_picks_dir(picks, tag)
+    restored = keep_autotune_picks(where)
+    print(f"{prefix}{restored} fla autotune picks restored from {where}", flush=True)
+    return restored
 
 
 def add_autotune_picks_argument(parser: argparse.ArgumentParser) -> None:
     """``--autotune-picks DIR`` (a Path, default None), the same option in every benchmark that runs fla-core."""
     parser.add_argument("--autotune-picks", type=Path, default=None, metavar="DIR",
-                        help="keep fla-core's autotune picks in DIR: restored before the run, saved after it, so "
-                             "that a later run (another machine too) skips fla's minutes of autotuning at shapes "
-                             "DIR has seen")
+                        help="keep fla-core's autotune picks in DIR, one subdirectory per measured shape: "
+                             "restored before the run, saved after it, so that a later run (another machine too) "
+                             "skips fla's minutes of autotuning at shapes DIR has seen")

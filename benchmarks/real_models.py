@@ -254,7 +254,9 @@ def main() -> int:
     cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(8)], dtype=torch.int32, device="cuda")
     short = [rng.randint(64, 256) for _ in range(4)]
     cu_short = torch.tensor([0] + [sum(short[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
-    use_autotune_picks(a.autotune_picks)
+    # the speed cells' shapes name the picks (fla's autotune keys leave B and T out: benchmarks/_autotune.py)
+    use_autotune_picks(a.autotune_picks, f"real_models-{a.only}-B{a.batches}-T{a.T}"
+                       + ("-gate-in-kernel" if a.gate_in_kernel else ""))
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 

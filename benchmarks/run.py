@@ -357,6 +357,8 @@ def worker(spec: dict) -> None:
     bench = _timer(spec["device"], spec["quick"])
     out: dict = {"shape": shape.name, "rows": [], "device_name": (torch.cuda.get_device_name()
                                                                   if spec["device"] == "cuda" else "cpu")}
+    if spec.get("autotune_picks") and "fla" in spec["libs"]:
+        out["fla_picks_restored"] = use_autotune_picks(Path(spec["autotune_picks"]), shape.name)
     out["copy_tbs"] = _measure_copy(spec["device"], bench)
     sdpa = None
     if "sdpa" in spec["libs"] and shape.kind == "dense":
@@ -394,7 +396,8 @@ def run_shape(shape: Shape, args, workdir: Path) -> dict:
     result = workdir / f"{shape.name.replace(':', '_')}.json"
     spec = {"shape": asdict(shape), "ops": args.ops, "libs": args.libs, "rounds": args.rounds,
             "dtype": args.dtype, "device": args.device, "fake": args.fake, "quick": args.quick,
-            "seed": args.seed, "result": str(result)}
+            "seed": args.seed, "result": str(result),
+            "autotune_picks": str(args.autotune_picks) if args.autotune_picks else None}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     note = None
     try:
@@ -539,7 +542,6 @@ def main(argv=None) -> int:
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    use_autotune_picks(args.autotune_picks, "[run] ")
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = args.out / "shapes"
     workdir.mkdir(exist_ok=True)
@@ -552,7 +554,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         print(f"[run] {shape.name}: {len(args.ops)} ops ...", flush=True)
         results.append(run_shape(shape, args, workdir))
+        restored = results[-1].get("fla_picks_restored")
         print(f"[run] {shape.name}: {time.perf_counter() - t0:.0f} s"
+              + (f", {restored} fla autotune picks restored" if restored is not None else "")
               + (f" ({results[-1]['note']})" if results[-1].get("note") else ""), flush=True)
         report = build_report(results, meta)
         (args.out / "results.json").write_text(json.dumps(report, indent=1))

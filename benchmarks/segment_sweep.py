@@ -175,7 +175,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("segment_sweep.py times kernels on a GPU: no CUDA device here", file=sys.stderr)
         return 2
-    use_autotune_picks(a.autotune_picks)
+    # the swept shapes name the picks (fla's autotune keys leave B and T out: benchmarks/_autotune.py)
+    use_autotune_picks(a.autotune_picks, f"segment_sweep-{a.shapes}")
     results = []
     for op_name in ops:
         for shape in shapes:

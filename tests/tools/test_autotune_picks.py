@@ -4,6 +4,7 @@ back at exit, picks only (not the compiled kernels beside them); and the key lay
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,62 @@ def test_triton_reads_picks_where_they_are_restored(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     assert knobs.autotuning.cache
     assert Path(knobs.cache.dir) == tmp_path
+
+
+def test_a_pick_left_by_another_shape_is_cleared_before_the_restore(tmp_path):
+    """fla's autotune keys leave B and T out: a pick an earlier process made at another shape sits in Triton's
+    cache under the same key and would be taken. keep_autotune_picks clears it (not the compiled kernel beside it),
+    restores only this shape's picks, and does not collect the stale one into this shape's directory."""
+    picks, cache = tmp_path / "picks", tmp_path / "cache"
+    here = _autotune.shape_picks_dir(picks, "1x16384x16x128")
+    write(here / "KEYA" / "chunk_fwd_kernel.autotune.json", '{"tuned at": "1x16384"}')
+    write(_autotune.shape_picks_dir(picks, "4x4096x16x128") / "KEYA" / "chunk_fwd_kernel.autotune.json",
+          '{"tuned at": "4x4096"}')
+    write(cache / "KEYA" / "chunk_fwd_kernel.autotune.json", '{"tuned at": "4x4096"}')
+    write(cache / "KEYS" / "chunk_bwd_kernel.autotune.json", '{"tuned at": "4x4096"}')
+    write(cache / "KEYS" / "chunk_bwd_kernel.cubin", "binary")
+    child = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(REPO_ROOT / "benchmarks")!r})
+import _autotune
+assert _autotune.use_autotune_picks(Path({str(picks)!r}), "1x16384x16x128") == 1
+cache = Path({str(cache)!r})
+assert (cache / "KEYA" / "chunk_fwd_kernel.autotune.json").read_text() == '{{"tuned at": "1x16384"}}'
+assert not (cache / "KEYS" / "chunk_bwd_kernel.autotune.json").exists()
+assert (cache / "KEYS" / "chunk_bwd_kernel.cubin").read_text() == "binary"
+"""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    subprocess.run([sys.executable, "-c", child], env=env, check=True)
+    assert sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file()) == [
+        "KEYA/chunk_fwd_kernel.autotune.json"]
+
+
+def test_shape_directories_are_plain_names():
+    picks = Path("picks")
+    assert _autotune.shape_picks_dir(picks, "1x16384x16x128") == picks / "1x16384x16x128"
+    assert _autotune.shape_picks_dir(picks, "varlen:32x256-8192x16x128") == picks / "varlen_32x256-8192x16x128"
+    assert _autotune.shape_picks_dir(picks, "../x") == picks / ".._x"
+    for bad in ("", "/", ".."):
+        try:
+            _autotune.shape_picks_dir(picks, bad)
+        except ValueError as e:
+            assert "names no shape" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was taken")
+
+
+def test_run_py_keeps_picks_per_shape(tmp_path):
+    """run.py's worker restores the picks of its own shape only (CPU stand-ins, --fake)."""
+    picks, cache, out = tmp_path / "picks", tmp_path / "cache", tmp_path / "out"
+    write(picks / "1x32x2x16" / "KEYA" / "k.autotune.json", '{"tuned at": "1x32"}')
+    write(picks / "4x32x2x16" / "KEYB" / "k.autotune.json", '{"tuned at": "4x32"}')
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--fake", "--device", "cpu", "--presets", "",
+           "--shapes", "1x32x2x16", "--ops", "linear_attn", "--rounds", "1", "--out", str(out),
+           "--autotune-picks", str(picks)]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "1x32x2x16: " in proc.stdout and "1 fla autotune picks restored" in proc.stdout
+    assert (cache / "KEYA" / "k.autotune.json").exists() and not (cache / "KEYB").exists()
+    assert json.loads((out / "shapes" / "1x32x2x16.json").read_text())["fla_picks_restored"] == 1
