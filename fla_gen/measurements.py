@@ -68,6 +68,8 @@ SOURCES: dict[str, Source] = {
         "switched off, KDA's step is 5% slower on one warp; a rope inline spills 1.2 KB on one warp "
         "(gated_delta_rule_rope, fla-gen aot, sm90)"),
     "elementwise": Source("rule: an elementwise pass, nothing to pipeline"),
+    "block-chain": Source("rule: 16x16 blocks held in registers, a chain of small dots and no loop over K or V: "
+                          "nothing to pipeline"),
     "scan-loop": Source("rule: a scan whose every step's dot takes the last step's result: nothing to pipeline; "
                         "the whole key head dim in one tile, the V tile narrowed by the launcher on small grids"),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
@@ -192,11 +194,6 @@ SOURCES: dict[str, Source] = {
         "reading the pre-gated kd and qg of fwd_wu (sweep_plans.py, 4x4096x16x128, --quick): kernel 0.213 ms against "
         "0.240 at 2 stages, 0.313 with [128, 32] and 0.252 on 8 warps; 4 stages do not fit in shared memory "
         "(288 KB)", _H100),
-    "h100-delta-channel-fwd-wu": Source(
-        "the per-channel gated delta rule's fwd_wu at head dim 128 on 2 warps, 2 stages (sweep_plans.py, "
-        "4x4096x16x128, --quick): kernel 0.499 -> 0.377 ms, forward 1.31 -> 1.19 ms against 4 warps, 3 stages; "
-        "0.437 at 2 warps, 3 stages; as the scalar-gate delta rule's fwd_wu, its 16x16 blocks are too small to "
-        "share among 4 warps", _H100),
     "h100-dplr-pair-kernels": Source(
         "the DPLR chunk op with RWKV-7 gates with RWKV-7 gates (every K block takes the factored dots), "
         "sweep_plans.py --stages "
@@ -297,6 +294,15 @@ SOURCES: dict[str, Source] = {
         "fwd_wu (W and U from fwd_solve's stored inverse) on 4 warps against 2, fwd_solve on 1, as in "
         "solve-one-warp: the gated delta rule (4x4096, HV=32) forward 0.775-0.778 -> 0.761-0.763 ms, the "
         "delta rule (4x4096x16x128) 0.322-0.324 -> 0.317-0.318", _H100),
+    "h200-delta-channel-solve": Source(
+        "the per-channel delta rule (KDA) with its inverse in fwd_solve on 2 warps (1 stage) and W, U in fwd_wu on "
+        "4 warps, 3 stages, against the fused fwd_wu that built the inverse itself (2 warps, 2 stages, the plan "
+        "measured on the H100: 0.377 ms against 0.499 on 4 warps), H200, bf16, both builds in one process, 3 "
+        "alternating rounds: forward 0.883-0.888 -> 0.878-0.880 ms at 4x4096x16x128, 1.708-1.710 -> 1.691-1.693 "
+        "with HV=32, 1.163-1.166 -> 1.157-1.158 at 1x16384x16x128; forward+backward 3.706-3.722 -> 3.692-3.696, "
+        "7.768-7.770 -> 7.726-7.738, 4.469-4.472 -> 4.445-4.448. fwd_solve on 1 warp (0.903) or 4 (0.893-0.895) "
+        "was slower than the fused kernel at 4x4096; fwd_wu on 2 warps beside fwd_solve on 2 about even (0.878-0.880)",
+        _H100),
     "h100-split-whole-k": Source(
         "the whole-K walk split at 1x16384x16x128: 64 -> 128 programs, fwd_h 0.452 -> 0.420 ms (the delta rule), "
         "0.690 -> 0.634 (the gated delta rule); bwd_dh on row blocks 0.349 -> 0.294 ms", _H100),

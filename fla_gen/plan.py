@@ -118,6 +118,9 @@ class KernelShape:
     small_grid_split: tuple[str, str] | None = None
     # Only for a recurrence with a decay: a gate-free spec (linear attention) neither plans nor renders it.
     gate_only: bool = False
+    # Works on the chunk's 16x16 blocks in registers, a chain of small dots with no loop over K or V to pipeline
+    # (the per-channel delta rule's fwd_solve: its A comes from fwd_A, so it never loads a K tile).
+    block_chain: bool = False
 
 
 SMALL_GRID_SPLIT = ("split-walk", "h100-split-walk")
@@ -338,7 +341,9 @@ _CHANNEL_WY_WARPS = tuple(
 _CHANNEL_DELTA = Algorithm(
     "chunk_delta_channel", "kernels/chunk_delta.jinja",
     (_CUMSUM, _CHANNEL_DELTA_A,
-     # A_kk blocks [16, 16] from fwd_A instead of K K^T; W = Ai (beta exp(G) K) scales each k tile by exp(G)
+     # the inverse from fwd_A's A_kk blocks [16, 16]
+     KernelShape("fwd_solve", (), pipelined=False, block_chain=True),
+     # W = Ai (beta exp(G) K) scales each k tile by exp(G)
      KernelShape("fwd_wu", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT"))),
      # w, the pre-gated kd^T (fwd_wu) and u. sm100: 8 warps, measured when the walk built its k^T factors [K, BT]
@@ -561,6 +566,10 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
             return _config(head_dim, bv, warps, 1, ["recurrent"],
                            f"whole K in registers, V in {bv}-wide blocks: ~{per_element} fp32 registers per state "
                            f"element stay under 128 per thread (no spills); more programs in flight")
+        if shape.block_chain:
+            return _config(block, block, warps, 1, ["block-chain", warps_src],
+                           f"16x16 blocks in registers, a chain of small dots and no K or V loop: nothing to "
+                           f"pipeline; {warps_why}")
         if shape.serial_dots:
             return _config(block, block, warps, 1, ["scan-loop", warps_src],
                            f"a loop of dots, each on the last one's result: nothing to pipeline; {warps_why}")

@@ -50,9 +50,10 @@ def delta_rule_fwd_solve_kernel(
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
     #   3. Ai is stored in the input dtype.
-    # A launch of its own, apart from fwd_wu's W and U: the substitution's 16x16 steps run best on one warp,
-    # those [BT, BT] x [BT, BK] dots on four (the plan's fwd_solve and fwd_wu stages; on one warp this kernel
-    # spills 560-810 B on sm80-sm100 and is still the fastest measured, fla_gen/measurements.py).
+    # A launch of its own, apart from fwd_wu's W and U: the inverse's chain of 16x16 steps runs best on
+    # fewer warps than those [BT, BT] x [BT, BK] dots (the plan's fwd_solve and fwd_wu stages,
+    # fla_gen/measurements.py). On one warp this kernel spills 560-810 B on sm80-sm100 and is still the fastest
+    # measured.
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H

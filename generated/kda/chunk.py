@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/kda.fla`.
 """chunk_kda: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
+Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_kernel, kda_fwd_solve_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
 """
 
 import torch
@@ -335,52 +335,32 @@ def kda_bwd_dqk_intra_kernel(
     tl.store(dG + p_x, b_dG, mask=m_rk)
 
 
+
+
 @triton.jit(do_not_specialize=["T"])
-def kda_fwd_wu_kernel(
-    q,
-    k,
-    v,
-    G,
+def kda_fwd_solve_kernel(
     Mkk,
-    Aqk,
-    kd,
     beta,
-    do,
     Ai,
-    w,
-    u,
-    dv_local,
     cu_seqlens,
     chunk_indices,
-    scale,
     T,
     H: tl.constexpr,
     HK: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    DV_LOCAL: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    # One program per (chunk, batch * head). The chunk is handled as four 16-row blocks (block c holds
-    # rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are masked out entirely, so the same code
-    # serves BT = 16, 32 and 64.
-    #   1. A blocks A_cd = beta_c M_cd (c >= d; diagonal blocks strictly lower).
+    # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
+    # handled as four 16-row blocks (block c holds rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are
+    # masked out entirely, so the same code serves BT = 16, 32 and 64.
+    #   1. A blocks A_cd = beta_c M_cd (c >= d; diagonal blocks strictly lower), M = K K^T * Gamma from fwd_A
+    #      (fp32, built in 16-token sub-chunks so that no exponent is positive).
     #   2. Ai_cc = (I + A_cc)^{-1} as a product of powers of A_cc, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored (input dtype) and read back as one [BT, BT] tile, which feeds W = Ai
-    #      diag(beta) (K * exp(G)) and U = Ai diag(beta) V as full-size dots (the round trip through memory
-    #      assembles the blocks without any layout shuffle in registers).
-    #   4. With DV_LOCAL (backward), also dv_local = P^T do, P = A_qk from fwd_A (loaded transposed).
-    # Per-channel gate: step 1 reads M = K K^T * Gamma from fwd_A (fp32, built in 16-token sub-chunks so
-    # that no exponent is positive) and W scales each k tile by exp(G) (G [BT, BK] from the cumsum kernel).
-    # The same loop writes the key-dim operand of the sequential walks, already gated: kd = k exp(G_L - G)
-    # (fwd_h, bwd_dh; fwd_A writes bwd_dh's qg = q exp(G)), so that no [BT, K] exponential or fp32 G
-    # tile sits on a walk's chunk-to-chunk path. Walks reading k and G instead took 0.269 ms (fwd_h) and
-    # 0.585 ms (bwd_dh) at 4x4096x16x128, against 0.176 and 0.235 for fla-core's kernels, which read
-    # pre-gated operands (H100, bf16).
+    #   3. Ai is stored in the input dtype.
+    # A launch of its own, apart from fwd_wu's W and U: the inverse's chain of 16x16 steps runs best on
+    # fewer warps than those [BT, BT] x [BT, BK] dots (the plan's fwd_solve and fwd_wu stages,
+    # fla_gen/measurements.py).
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -399,8 +379,6 @@ def kda_fwd_wu_kernel(
     t0 = bos + i_tc * BT
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
-    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
-    k_c = k + t0 * HK * K + i_hk * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
     o_c = tl.arange(0, 16)
     # rows of block c within the chunk, and which of them are real tokens of this chunk
@@ -497,8 +475,66 @@ def kda_fwd_wu_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r1[None, :], b_Ai31.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r2[None, :], b_Ai32.to(Ai.dtype.element_ty), mask=m_r3[:, None])
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
-    # the barrier makes every thread's stores of Ai visible to the whole program before the read-back
-    tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["T"])
+def kda_fwd_wu_kernel(
+    q,
+    k,
+    v,
+    G,
+    Aqk,
+    kd,
+    beta,
+    do,
+    Ai,
+    w,
+    u,
+    dv_local,
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    HK: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    DV_LOCAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # One program per (chunk, batch * head): W = Ai diag(beta) (K * exp(G)) and U = Ai diag(beta) V as
+    # full-size dots, from the chunk's inverse Ai that fwd_solve stored, read as one [BT, BT] tile; W scales
+    # each k tile by exp(G) (G [BT, BK] from the cumsum kernel). With DV_LOCAL (backward), also dv_local =
+    # P^T do, P = A_qk from fwd_A (loaded transposed).
+    # The same loop writes the key-dim operand of the sequential walks, already gated: kd = k exp(G_L - G)
+    # (fwd_h, bwd_dh; fwd_A writes bwd_dh's qg = q exp(G)), so that no [BT, K] exponential or fp32 G
+    # tile sits on a walk's chunk-to-chunk path. Walks reading k and G instead took 0.269 ms (fwd_h) and
+    # 0.585 ms (bwd_dh) at 4x4096x16x128, against 0.176 and 0.235 for fla-core's kernels, which read
+    # pre-gated operands (H100, bf16).
+    tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        # chunk_indices[i_t] = (sequence, chunk within it).
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        i_tc = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+    o_i = tl.arange(0, BT)
+    m_t = i_tc * BT + o_i < T_seq
+    t0 = bos + i_tc * BT
+    # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
+    i_hk = i_h // (H // HK)
+    i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
+    k_c = k + t0 * HK * K + i_hk * K
+    Ai_c = Ai + t0 * H * BT + i_h * BT
     m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
     b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
 
@@ -1134,7 +1170,7 @@ def kda_bwd_dqkg_kernel(
 
 
 def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
-    """W, U and the inverse Ai of every chunk; with do given
+    """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
     also dv_local = P^T do (backward).
 
     G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] from _chunk_A.
@@ -1156,12 +1192,26 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
+    solve_cfg = plan.config("fwd_solve")
+    kda_fwd_solve_kernel[(NT, B * H)](
+        Mkk,
+        beta,
+        Ai,
+        cu_seqlens,
+        chunk_indices,
+        T,
+        H=H,
+        HK=HK,
+        BT=BT,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=solve_cfg.num_warps,
+        num_stages=solve_cfg.num_stages,
+    )
     kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
         v,
         G,
-        Mkk,
         Aqk,
         kd,
         beta,
@@ -1424,7 +1474,7 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of the delta rule on a per-channel decayed state: cumsum, fwd_A (M and Aqk in one launch),
-    fwd_wu, fwd_h, fwd_o.
+    fwd_solve, fwd_wu, fwd_h, fwd_o.
 
     S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
@@ -1439,7 +1489,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
             sequences. With segments the state walk runs over them, from the states entering them.
-        plan: the Plan (stages cumsum, fwd_A, fwd_wu, fwd_h, fwd_o; segment_scan; chunk_size 16, 32 or 64).
+        plan: the Plan (stages cumsum, fwd_A, fwd_solve, fwd_wu, fwd_h, fwd_o; segment_scan; chunk_size 16, 32 or
+            64).
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
@@ -1467,8 +1518,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
 
 
 def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
-    """Chunked backward: cumsum, fwd_A, fwd_wu and fwd_h recompute G, M, A_qk, W, U, Ai, the chunk states and
-    v_new; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and bwd_dqkg
+    """Chunked backward: cumsum, fwd_A, fwd_solve, fwd_wu and fwd_h recompute G, M, A_qk, Ai, W, U, the chunk
+    states and v_new; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and bwd_dqkg
     (dg).
 
     Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
