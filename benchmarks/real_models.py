@@ -15,10 +15,14 @@ gradients at B=1, T=512 and packed (4 sequences of 64 to 256): the reference's a
 float64 state per token.
 Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla alternating over
 ``--rounds`` rounds after both were warmed (compile, fla's autotune); the ratio reported is the worst round's
-fla / ours. The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the
-reference and reported against the bytes it must move (the fp32 state read and written, the inputs and
-output) and the copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host
-is the bottleneck of both libraries) and replayed from a CUDA graph (the GPU's work alone).
+fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profiler: every kernel's duration over
+20 calls): a wall time well above it is a call the host cannot keep the GPU busy for, which depends on the
+machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over 0.89 ms of kernels on one host,
+0.92 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report it.
+The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the reference
+and reported against the bytes it must move (the fp32 state read and written, the inputs and output) and the
+copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host is the bottleneck of both
+libraries) and replayed from a CUDA graph (the GPU's work alone).
 Inputs: q, k, v randn; g logsigmoid(randn) / 16 (per value head, or per head and key channel for KDA), fp32;
 beta sigmoid(randn); the initial state 0.1 randn. With ``--gate-in-kernel`` KDA's g is raw (randn, fp32) and
 the call computes g = -exp(A_log) softplus(g + dt_bias), with A_log = log(uniform(1, 16)) [HV] and dt_bias the
@@ -123,6 +127,21 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool, libs: tuple[str
     return out
 
 
+def kernel_ms(run, calls: int = 20) -> float:
+    """The GPU's kernel time of one ``run()`` (ms): the summed duration of every CUDA kernel that ``calls`` calls
+    launch, over ``calls``. Unlike a wall time it leaves out the gaps in which the GPU waits for the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / 1000 / calls
+
+
 def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
     from triton.testing import do_bench
 
@@ -160,8 +179,11 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
         for name, ts in times.items():
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
             result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
+            result[f"{mode}_{name}_kernels_ms"] = kernel_ms(runs[name])
         if len(times) == 2:
             result[f"{mode}_fla_over_ours_worst"] = min(f / o for f, o in zip(times["fla"], times["ours"], strict=True))
+            result[f"{mode}_fla_over_ours_kernels"] = \
+                result[f"{mode}_fla_kernels_ms"] / result[f"{mode}_ours_kernels_ms"]
     return result
 
 
