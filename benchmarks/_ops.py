@@ -374,6 +374,28 @@ def wall(fn, device) -> float:
     return time.perf_counter() - t0
 
 
+def kernel_ms(fn, grads=None, calls: int = 20) -> float | None:
+    """The GPU's kernel time of one ``fn()`` in ms: the summed duration of every CUDA kernel that ``calls`` calls
+    launch (torch.profiler), over ``calls``; None off CUDA. Unlike a wall time it leaves out the gaps in which
+    the GPU waits for the host's launches, so it does not depend on the machine's CPU. ``grads``: tensors whose
+    .grad is reset before each call, as do_bench's grad_to_none does (accumulating into a kept .grad would add
+    an elementwise kernel per input)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in grads or ():
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / 1000 / calls
+
+
 def op_step(fn, leaves, call_kwargs: dict, fwd_only: bool):
     """One call of an op as the profilers repeat it: the forward without autograd (``fwd_only``), or the
     forward and a backward of ones into the leaves. Returns o. Each call first resets the leaves' .grad:

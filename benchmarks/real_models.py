@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
+from _ops import kernel_ms  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -127,21 +128,6 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool, libs: tuple[str
     return out
 
 
-def kernel_ms(run, calls: int = 20) -> float:
-    """The GPU's kernel time of one ``run()`` (ms): the summed duration of every CUDA kernel that ``calls`` calls
-    launch, over ``calls``. Unlike a wall time it leaves out the gaps in which the GPU waits for the host."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / 1000 / calls
-
-
 def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
     from triton.testing import do_bench
 
@@ -179,7 +165,7 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
         for name, ts in times.items():
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
             result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
-            result[f"{mode}_{name}_kernels_ms"] = kernel_ms(runs[name])
+            result[f"{mode}_{name}_kernels_ms"] = kernel_ms(runs[name], list(leaves.values()))
         if len(times) == 2:
             result[f"{mode}_fla_over_ours_worst"] = min(f / o for f, o in zip(times["fla"], times["ours"], strict=True))
             result[f"{mode}_fla_over_ours_kernels"] = \

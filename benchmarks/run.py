@@ -15,6 +15,11 @@ How each number is measured (the same for every op, library and shape):
   then shows as a spread between rounds instead of landing on one library. SDPA is timed once per shape.
 - The reported fla/ours ratio is the WORST over the rounds, min_r fla[r] / ours[r]: a ratio above 1 holds in
   every round. The times shown are the medians over the rounds; the JSON keeps every round.
+- Kernel time: after the rounds, each library's GPU kernel time per call (torch.profiler, every kernel's
+  duration summed over 20 calls) and fla/ours of it. A wall time well above its kernel time is a call whose
+  GPU waits for the host's launches, which depends on the machine's CPU (fla-core's grouped Gated DeltaNet
+  forward on the H200: 0.91 ms of wall time on one machine, 1.12-1.40 on another, over 0.89-0.90 ms of
+  kernels); the kernel-time ratio does not.
 - Memory floor: the bytes a forward must read and write (every input once, the output once; a decode step
   also reads and writes the fp32 state) over the device-to-device copy bandwidth measured in the same
   process (a 1 GiB copy, bytes read + written). ``ours/floor`` is ours' forward over that time.
@@ -164,13 +169,16 @@ def worst_ratio(ours: list[float], fla: list[float]) -> float | None:
 
 def summarize(row: dict) -> dict:
     """Derived columns of one (op, shape) row: median ms per library and mode, the worst fla/ours ratio per
-    mode, the forward's memory floor and ours over it."""
+    mode, each library's kernel time and fla/ours of it, the forward's memory floor and ours over it."""
     out: dict = {}
     for mode in MODES:
         for lib in LIBS:
             rounds = row.get(lib, {}).get(mode)
             out[f"{lib}_{mode}_ms"] = statistics.median(rounds) if rounds else None
+            out[f"{lib}_{mode}_kernels_ms"] = row.get("kernels", {}).get(lib, {}).get(mode)
         out[f"ratio_{mode}"] = worst_ratio(row.get("ours", {}).get(mode) or [], row.get("fla", {}).get(mode) or [])
+        ours_k, fla_k = out[f"ours_{mode}_kernels_ms"], out[f"fla_{mode}_kernels_ms"]
+        out[f"ratio_{mode}_kernels"] = fla_k / ours_k if ours_k and fla_k else None
     if row.get("bytes_fwd") and row.get("copy_tbs"):
         out["floor_fwd_ms"] = floor_ms(row["bytes_fwd"], row["copy_tbs"])
         if out["ours_fwd_ms"]:
@@ -346,6 +354,11 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
         for mode in list(row.get(lib, {})):
             if len(row[lib][mode]) != spec["rounds"]:
                 del row[lib][mode]
+    if spec["device"] == "cuda":
+        for lib in libs:
+            for mode in row.get(lib, {}):
+                fn, grads = calls[lib][mode]
+                row.setdefault("kernels", {}).setdefault(lib, {})[mode] = _ops.kernel_ms(fn, grads)
     return row
 
 
@@ -438,10 +451,11 @@ def render_markdown(report: dict) -> str:
              f"torch {meta.get('torch')}, Triton {meta.get('triton')}, fla-core {meta.get('fla') or 'not installed'}, "
              f"{meta.get('dtype')}, {meta.get('rounds')} rounds. `{meta.get('command')}`", "",
              "ms: median over the rounds of do_bench medians. fla/ours: the worst round (min over rounds of fla / ours "
-             "timed in alternation; > 1: ours faster; **bold** below 1). floor: inputs read once and the output "
-             "written once at the copy bandwidth measured in the same process.", ""]
-    hdr = ["op", "shape", "ours fwd", "fla fwd", "fla/ours fwd", "ours f+b", "fla f+b", "fla/ours f+b",
-           "sdpa fwd", "sdpa f+b", "floor fwd", "ours/floor"]
+             "timed in alternation; > 1: ours faster; **bold** below 1). kernels: fla/ours of the GPU's kernel time "
+             "per call (torch.profiler), which leaves out the time the GPU waits for the host. floor: inputs read "
+             "once and the output written once at the copy bandwidth measured in the same process.", ""]
+    hdr = ["op", "shape", "ours fwd", "fla fwd", "fla/ours fwd", "kernels fwd", "ours f+b", "fla f+b",
+           "fla/ours f+b", "kernels f+b", "sdpa fwd", "sdpa f+b", "floor fwd", "ours/floor"]
     footnotes: list[str] = []
     for kind in ("dense", "varlen", "decode"):
         rows = [r for r in report["rows"] if r.get("kind") == kind]
@@ -452,10 +466,10 @@ def render_markdown(report: dict) -> str:
             cells = [r["op"], r["shape"]]
             for key in ("ours_fwd_ms", "fla_fwd_ms"):
                 cells.append(_ops.fmt(r.get(key)))
-            cells.append(_ratio_cell(r.get("ratio_fwd")))
+            cells += [_ratio_cell(r.get("ratio_fwd")), _ratio_cell(r.get("ratio_fwd_kernels"))]
             for key in ("ours_fwdbwd_ms", "fla_fwdbwd_ms"):
                 cells.append(_ops.fmt(r.get(key)))
-            cells.append(_ratio_cell(r.get("ratio_fwdbwd")))
+            cells += [_ratio_cell(r.get("ratio_fwdbwd")), _ratio_cell(r.get("ratio_fwdbwd_kernels"))]
             cells += [_ops.fmt(r.get("sdpa_fwd_ms")), _ops.fmt(r.get("sdpa_fwdbwd_ms")),
                       _ops.fmt(r.get("floor_fwd_ms"), 4), _ops.fmt(r.get("ours_over_floor"), 2)]
             for lib, why in sorted(r.get("notes", {}).items()):

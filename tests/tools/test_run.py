@@ -85,11 +85,23 @@ def test_summarize_reports_medians_worst_ratio_and_floor():
     assert s["ratio_fwd"] == pytest.approx(1.25)  # min(1.5, 1.25, 2.0)
     assert s["ratio_fwdbwd"] is None and s["fla_fwdbwd_ms"] is None
     assert s["floor_fwd_ms"] == pytest.approx(1.0) and s["ours_over_floor"] == pytest.approx(0.3)
+    assert s["ratio_fwd_kernels"] is None  # no kernel times (not a CUDA run): no ratio of them
+
+
+def test_summarize_reports_the_kernel_time_ratio():
+    # fla's wall time host-bound (0.5 ms over 0.3 of kernels): the kernel ratio is the GPU work's alone
+    row = {"ours": {"fwd": [0.2, 0.2]}, "fla": {"fwd": [0.5, 0.5]},
+           "kernels": {"ours": {"fwd": 0.19}, "fla": {"fwd": 0.3}}}
+    s = run.summarize(row)
+    assert s["ratio_fwd"] == pytest.approx(2.5)
+    assert s["ours_fwd_kernels_ms"] == pytest.approx(0.19) and s["ratio_fwd_kernels"] == pytest.approx(0.3 / 0.19)
+    assert s["ratio_fwdbwd_kernels"] is None
 
 
 def _report():
     rows = [{"op": "gla", "shape": "1x16384x16x128", "kind": "dense", "ours": {"fwd": [0.30, 0.31]},
-             "fla": {"fwd": [0.27, 0.29]}, "bytes_fwd": 300_000_000, "copy_tbs": 3.0,
+             "fla": {"fwd": [0.27, 0.29]}, "kernels": {"ours": {"fwd": 0.30}, "fla": {"fwd": 0.24}},
+             "bytes_fwd": 300_000_000, "copy_tbs": 3.0,
              "notes": {"fla fwdbwd": "RuntimeError: refused"}},
             {"op": "gla", "shape": "decode:64x16x128", "kind": "decode", "ours": {"fwd": [0.05, 0.05]},
              "bytes_fwd": 150_000_000, "copy_tbs": 3.0}]
@@ -104,8 +116,9 @@ def test_markdown_table():
     assert "## dense" in md and "## decode" in md and "## varlen" not in md
     dense = next(ln for ln in md.splitlines() if ln.startswith("| gla | 1x16384x16x128"))
     cells = [c.strip() for c in dense.strip("|").split("|")]
-    assert cells[2:5] == ["0.305", "0.28", "**0.90**"]  # worst round 0.27 / 0.30, bold below 1
-    assert cells[10:] == ["0.1", "3.05"]
+    assert cells[2:6] == ["0.305", "0.28", "**0.90**", "**0.80**"]  # worst round 0.27 / 0.30; kernels 0.24 / 0.30
+    assert cells[6:10] == ["-", "-", "-", "-"]  # no forward+backward: no times, no ratios
+    assert cells[12:] == ["0.1", "3.05"]
     assert "- gla 1x16384x16x128, fla fwdbwd: RuntimeError: refused" in md
 
 
