@@ -335,8 +335,6 @@ def kda_bwd_dqk_intra_kernel(
     tl.store(dG + p_x, b_dG, mask=m_rk)
 
 
-
-
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_solve_kernel(
     Mkk,
