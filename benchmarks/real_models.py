@@ -18,7 +18,7 @@ Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla
 fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profiler: every kernel's duration over
 20 calls): a wall time well above it is a call the host cannot keep the GPU busy for, which depends on the
 machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over 0.89 ms of kernels on one host,
-0.92 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report it.
+0.91 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report it.
 The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the reference
 and reported against the bytes it must move (the fp32 state read and written, the inputs and output) and the
 copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host is the bottleneck of both

@@ -18,7 +18,7 @@ How each number is measured (the same for every op, library and shape):
 - Kernel time: after the rounds, each library's GPU kernel time per call (torch.profiler, every kernel's
   duration summed over 20 calls) and fla/ours of it. A wall time well above its kernel time is a call whose
   GPU waits for the host's launches, which depends on the machine's CPU (fla-core's grouped Gated DeltaNet
-  forward on the H200: 0.91 ms of wall time on one machine, 1.12-1.40 on another, over 0.89-0.90 ms of
+  forward on the H200: 0.91 ms of wall time on one machine, 1.12-1.20 on another, over 0.89-0.90 ms of
   kernels); the kernel-time ratio does not.
 - Memory floor: the bytes a forward must read and write (every input once, the output once; a decode step
   also reads and writes the fp32 state) over the device-to-device copy bandwidth measured in the same
