@@ -133,6 +133,8 @@ def test_fake_run_end_to_end(tmp_path):
     rows = {(r["op"], r["shape"]): r for r in report["rows"]}
     la = rows[("linear_attn", "1x32x2x16")]
     assert len(la["ours"]["fwd"]) == len(la["fla"]["fwd"]) == 2 and la["ratio_fwd"] > 0
+    # one untimed settling round per library and mode, apart from the timed ones
+    assert set(la["settle"]) == {"ours", "fla"} and set(la["settle"]["ours"]) == {"fwd", "fwdbwd"}
     assert la["sdpa"]["fwd"] and la["ours_over_floor"] > 0
     assert "fwdbwd" not in rows[("linear_attn", "decode:2x2x16")]["ours"]
     assert "no stand-in" in rows[("delta_rule", "1x32x2x16")]["notes"]["ours fwd"]
