@@ -531,7 +531,6 @@ def kda_fwd_wu_kernel(
     # the query/key head of this value head: value heads i_hk * (H // HK) ... are one group
     i_hk = i_h // (H // HK)
     i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
-    k_c = k + t0 * HK * K + i_hk * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
     m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
     b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
