@@ -374,12 +374,12 @@ def wall(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def kernel_ms(fn, grads=None, calls: int = 20) -> float | None:
-    """The GPU's kernel time of one ``fn()`` in ms: the summed duration of every CUDA kernel that ``calls`` calls
-    launch (torch.profiler), over ``calls``; None off CUDA. Unlike a wall time it leaves out the gaps in which
-    the GPU waits for the host's launches, so it does not depend on the machine's CPU. ``grads``: tensors whose
-    .grad is reset before each call, as do_bench's grad_to_none does (accumulating into a kept .grad would add
-    an elementwise kernel per input)."""
+def kernel_breakdown(fn, grads=None, calls: int = 20) -> dict[str, float] | None:
+    """The GPU's time of one ``fn()`` per CUDA kernel name, in ms, largest first: each kernel's summed
+    duration over ``calls`` calls (torch.profiler), divided by ``calls``; None off CUDA. A kernel launched
+    twice per call (a walk in the forward and again in the backward) counts both launches. ``grads``:
+    tensors whose .grad is reset before each call, as do_bench's grad_to_none does (accumulating into a
+    kept .grad would add an elementwise kernel per input)."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -391,9 +391,19 @@ def kernel_ms(fn, grads=None, calls: int = 20) -> float | None:
                 t.grad = None
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / 1000 / calls
+    per_kernel: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1000 / calls
+    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
+def kernel_ms(fn, grads=None, calls: int = 20) -> float | None:
+    """The GPU's kernel time of one ``fn()`` in ms: the summed duration of every CUDA kernel that ``calls`` calls
+    launch (``kernel_breakdown`` summed); None off CUDA. Unlike a wall time it leaves out the gaps in which the
+    GPU waits for the host's launches, so it does not depend on the machine's CPU."""
+    breakdown = kernel_breakdown(fn, grads, calls)
+    return None if breakdown is None else sum(breakdown.values())
 
 
 def op_step(fn, leaves, call_kwargs: dict, fwd_only: bool):

@@ -16,9 +16,10 @@ float64 state per token.
 Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla alternating over
 ``--rounds`` rounds after both were warmed (compile, fla's autotune); the ratio reported is the worst round's
 fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profiler: every kernel's duration over
-20 calls): a wall time well above it is a call the host cannot keep the GPU busy for, which depends on the
-machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over 0.89 ms of kernels on one host,
-0.91 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report it.
+20 calls; ``--breakdown`` adds each kernel's share): a wall time well above it is a call the host cannot keep the
+GPU busy for, which depends on the machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over
+0.89 ms of kernels on one host, 0.91 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report
+it.
 The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the reference
 and reported against the bytes it must move (the fp32 state read and written, the inputs and output) and the
 copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host is the bottleneck of both
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
-from _ops import kernel_ms  # noqa: E402
+from _ops import kernel_breakdown  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -128,7 +129,7 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool, libs: tuple[str
     return out
 
 
-def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
+def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False) -> dict:
     from triton.testing import do_bench
 
     ours, _, _, fla_fn, _ = ours_and_fla(kind)
@@ -165,7 +166,10 @@ def speed(kind: str, x: dict, rounds: int, quick: bool) -> dict:
         for name, ts in times.items():
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
             result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
-            result[f"{mode}_{name}_kernels_ms"] = kernel_ms(runs[name], list(leaves.values()))
+            per_kernel = kernel_breakdown(runs[name], list(leaves.values()))
+            result[f"{mode}_{name}_kernels_ms"] = sum(per_kernel.values())
+            if breakdown:
+                result[f"{mode}_{name}_per_kernel_ms"] = {n: round(ms, 4) for n, ms in per_kernel.items()}
         if len(times) == 2:
             result[f"{mode}_fla_over_ours_worst"] = min(f / o for f, o in zip(times["fla"], times["ours"], strict=True))
             result[f"{mode}_fla_over_ours_kernels"] = \
@@ -240,6 +244,8 @@ def main() -> int:
     p.add_argument("--check-libs", default="ours,fla",
                    help="comma-separated: whose correctness to check against the reference (default: ours,fla; "
                         "fla's first call at a new shape autotunes for minutes)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="with each speed cell's kernel time, every kernel's share of it (ms per call, by name)")
     add_autotune_picks_argument(p)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -292,7 +298,7 @@ def main() -> int:
         torch.cuda.empty_cache()
         for B, T in () if a.decode_only else ((b, a.T) for b in batches):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(
-                kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick)
+                kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick, a.breakdown)
             print(json.dumps(report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"]), flush=True)
         if not a.no_decode:
             report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds, gate)
