@@ -20,6 +20,7 @@ fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profile
 GPU busy for, which depends on the machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over
 0.89 ms of kernels on one host, 0.91 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report
 it.
+``*_peak_mb``: the memory a call allocates at its peak beyond the inputs (forward+backward: its gradients too).
 The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the reference
 and reported against the bytes it must move (the fp32 state read and written, the inputs and output) and the
 copy bandwidth measured here: called eagerly (host overhead included: at B=64 the host is the bottleneck of both
@@ -167,6 +168,7 @@ def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False)
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
             result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
             per_kernel = kernel_breakdown(runs[name], list(leaves.values()))
+            result[f"{mode}_{name}_peak_mb"] = peak_mb(runs[name], list(leaves.values()))
             result[f"{mode}_{name}_kernels_ms"] = sum(per_kernel.values())
             if breakdown:
                 result[f"{mode}_{name}_per_kernel_ms"] = {n: round(ms, 4) for n, ms in per_kernel.items()}
@@ -175,6 +177,19 @@ def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False)
             result[f"{mode}_fla_over_ours_kernels"] = \
                 result[f"{mode}_fla_kernels_ms"] / result[f"{mode}_ours_kernels_ms"]
     return result
+
+
+def peak_mb(run, grads) -> float:
+    """The memory one ``run()`` allocates at its peak beyond what was allocated before it (MB): the op's
+    temporaries, outputs and saved tensors, gradients included; not the inputs."""
+    for t in grads:
+        t.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def captured(step):
