@@ -4,6 +4,7 @@ counts and the tl.dot precision. Nothing here reads a tensor's values (no device
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterator
 
@@ -47,6 +48,26 @@ def forced_sm_count(sms: int) -> Iterator[None]:
         yield
     finally:
         _forced_sm_count = previous
+
+
+_NO_BACKWARD: contextvars.ContextVar[bool] = contextvars.ContextVar("fla_gen_no_backward", default=False)
+
+
+@contextlib.contextmanager
+def no_backward() -> Iterator[None]:
+    """A forward run where nothing will take its gradient (torch_op.call_op's direct call without autograd):
+    launchers need not keep what only their backward reads."""
+    token = _NO_BACKWARD.set(True)
+    try:
+        yield
+    finally:
+        _NO_BACKWARD.reset(token)
+
+
+def backward_follows() -> bool:
+    """Whether a backward may read what this forward keeps (its ``saved`` tensors): True unless inside
+    no_backward, so a forward under autograd, a registered op's call and a trace all keep them."""
+    return not _NO_BACKWARD.get()
 
 
 @functools.lru_cache(maxsize=16)

@@ -26,6 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from triton.runtime.jit import KernelInterface
 
+from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
 from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.segments import segment_tables
@@ -189,7 +190,9 @@ def call_op(op: Callable, body: Callable, *args) -> list:
     flattening and schema defaults) ~150 us more per forward and backward. So when nothing is being
     traced or transformed and the arguments are plain tensors, ``body`` — the very function the op
     runs — is called directly, through an autograd.Function with the op's own ``setup_context``
-    and backward when a gradient is needed. CUDA-graph capture works either way.
+    and backward when a gradient is needed. Called directly without one, it runs under
+    ``launch.no_backward``: its launchers may free what only a backward would read. CUDA-graph capture
+    works either way.
     """
     if _may_be_traced():
         return op(*args)
@@ -199,7 +202,8 @@ def call_op(op: Callable, body: Callable, *args) -> list:
     if needed:
         eager = _EAGER_AUTOGRAD.get(op)
         return op(*args) if eager is None else eager.apply(*args)
-    return body(*args)
+    with launch.no_backward():
+        return body(*args)
 
 
 @dataclass(frozen=True)

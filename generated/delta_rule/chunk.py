@@ -937,9 +937,9 @@ def delta_rule_bwd_wy_kernel(
     tl.store(dbeta + (t0 + o_i) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
-def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
+def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=None):
     """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
-    also dv_local = P^T do (backward).
+    also dv_local = P^T do (backward). Ai: the inverses the forward kept, or None to build them (fwd_solve).
 
     Returns:
         w: [B, T, H, K], u: [B, T, H, V], Ai: [B, T, H, BT] (k's dtype; row t holds the row of its
@@ -954,25 +954,26 @@ def _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan):
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     g_cum = None
-    solve_cfg = plan.config("fwd_solve")
-    delta_rule_fwd_solve_kernel[(NT, B * H)](
-        k,
-        beta,
-        Ai,
-        cu_seqlens,
-        chunk_indices,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BK=launch.dot_tile(solve_cfg.block_k, K),
-        IS_VARLEN=cu_seqlens is not None,
-        num_warps=solve_cfg.num_warps,
-        num_stages=solve_cfg.num_stages,
-    )
+    if Ai is None:
+        Ai = k.new_empty(B, T, H, BT)
+        solve_cfg = plan.config("fwd_solve")
+        delta_rule_fwd_solve_kernel[(NT, B * H)](
+            k,
+            beta,
+            Ai,
+            cu_seqlens,
+            chunk_indices,
+            T,
+            H=H,
+            K=K,
+            BT=BT,
+            BK=launch.dot_tile(solve_cfg.block_k, K),
+            IS_VARLEN=cu_seqlens is not None,
+            num_warps=solve_cfg.num_warps,
+            num_stages=solve_cfg.num_stages,
+        )
     delta_rule_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -1199,14 +1200,18 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: () -- the backward recomputes everything from the inputs.
+        saved: (Ai,), the chunks' inverses [B, T, H, BT] in k's dtype: the backward reads them rather than
+            running fwd_solve again, and recomputes W, U and the chunk states from the inputs. () under
+            launch.no_backward.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    w, u, _, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    w, u, Ai, _, g_cum = _chunk_wu(q, k, v, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    saved = (Ai,) if launch.backward_follows() else ()
+    del Ai  # without a backward to read it, freed before the walk allocates
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
@@ -1242,7 +1247,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-        return o, final_state, ()
+        return o, final_state, saved
     h, v_new, final_state, _ = _chunk_h(k, w, u, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del w, u, g_cum  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
@@ -1268,16 +1273,16 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return o, final_state, ()
+    return o, final_state, saved
 
 
 def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
-    """Chunked backward: 6 kernels (fwd_solve, fwd_wu and fwd_h recompute Ai, W, U, the chunk states and
-    v_new; then bwd_dh, bwd_dqk, bwd_wy).
+    """Chunked backward: 5 kernels (fwd_wu and fwd_h recompute W, U, the chunk states and v_new from the
+    forward's Ai; then bwd_dh, bwd_dqk, bwd_wy), plus fwd_solve when ``saved`` is empty.
 
-    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
-        None (gradient of the final state). Plan stages: fwd_solve, fwd_wu, fwd_h, bwd_dh, bwd_dqk, bwd_wy; with
-        segments the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
+    Args: as chunk_fwd, plus saved (chunk_fwd's (Ai,), or () to recompute it), do: [B, T, H, V] and dht:
+        [N, H, K, V] float32 or None (gradient of the final state). Plan stages: fwd_solve, fwd_wu, fwd_h, bwd_dh,
+        bwd_dqk, bwd_wy; with segments the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -1290,7 +1295,8 @@ def chunk_bwd(q, k, v, beta, saved, scale, initial_state, do, dht, cu_seqlens, c
     NT = launch.num_chunks(T, BT, chunk_indices)
     # Each buffer is deleted after the last kernel that reads it, so that the peak (during bwd_dqk:
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
-    w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, beta, scale, do, cu_seqlens, chunk_indices, plan,
+                                          Ai=saved[0] if saved else None)
     h, v_new, _, seg_transition = _chunk_h(k, w, u, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del u
     dh, dv_new, dh0 = _chunk_dh(q, k, w, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition,

@@ -1166,9 +1166,9 @@ def kda_bwd_dqkg_kernel(
         tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
-def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan):
+def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=None):
     """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
-    also dv_local = P^T do (backward).
+    also dv_local = P^T do (backward). Ai: the inverses the forward kept, or None to build them (fwd_solve).
 
     G: [B, T, H, K] float32 from _chunk_gate_cumsum; Mkk, Aqk: [B, T, H, BT] from _chunk_A.
 
@@ -1186,24 +1186,25 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     w = k.new_empty(B, H // HK, T, HK, K)
     u = torch.empty_like(v)
-    Ai = k.new_empty(B, T, H, BT)
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
-    solve_cfg = plan.config("fwd_solve")
-    kda_fwd_solve_kernel[(NT, B * H)](
-        Mkk,
-        beta,
-        Ai,
-        cu_seqlens,
-        chunk_indices,
-        T,
-        H=H,
+    if Ai is None:
+        Ai = k.new_empty(B, T, H, BT)
+        solve_cfg = plan.config("fwd_solve")
+        kda_fwd_solve_kernel[(NT, B * H)](
+            Mkk,
+            beta,
+            Ai,
+            cu_seqlens,
+            chunk_indices,
+            T,
+            H=H,
         HK=HK,
-        BT=BT,
-        IS_VARLEN=cu_seqlens is not None,
-        num_warps=solve_cfg.num_warps,
-        num_stages=solve_cfg.num_stages,
-    )
+            BT=BT,
+            IS_VARLEN=cu_seqlens is not None,
+            num_warps=solve_cfg.num_warps,
+            num_stages=solve_cfg.num_stages,
+        )
     kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -1491,7 +1492,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: () -- the backward recomputes everything from the inputs.
+        saved: (G, Mkk, Aqk, qg, Ai), the gate's cumsum and the intra-chunk products: the backward reads them
+            rather than running cumsum, fwd_A and fwd_solve again, and recomputes W, U and the chunk states. ()
+            under launch.no_backward.
     """
     B, T, HK, K = q.shape
     H, V = v.shape[-2:]
@@ -1499,8 +1502,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     NT = launch.num_chunks(T, BT, chunk_indices)
     G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
     Mkk, Aqk, qg = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
-    w, u, _, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    del Mkk
+    w, u, Ai, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
+    saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
+    del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
     h, v_new, final_state, _ = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del w, u, kd  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
@@ -1511,16 +1515,16 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         H=H, HK=HK, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o, final_state, ()
+    return o, final_state, saved
 
 
 def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
-    """Chunked backward: cumsum, fwd_A, fwd_solve, fwd_wu and fwd_h recompute G, M, A_qk, Ai, W, U, the chunk
-    states and v_new; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and bwd_dqkg
-    (dg).
+    """Chunked backward: fwd_wu and fwd_h recompute W, U, the chunk states and v_new from the forward's G, M,
+    A_qk and Ai; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and
+    bwd_dqkg (dg). With ``saved`` empty, cumsum, fwd_A and fwd_solve first recompute those.
 
-    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V] float32 or
-        None (gradient of the final state).
+    Args: as chunk_fwd, plus saved (chunk_fwd's (G, Mkk, Aqk, qg, Ai), or () to recompute them), do:
+        [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state).
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype); dg: [B, T, H, K] in g's dtype (None when g is
@@ -1532,9 +1536,13 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
-    G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
-    Mkk, Aqk, qg = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
-    w, u, Ai, dv_local, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan)
+    if saved:
+        G, Mkk, Aqk, qg, Ai = saved
+    else:
+        G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
+        Mkk, Aqk, qg = _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan)
+        Ai = None
+    w, u, Ai, dv_local, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=Ai)
     del Aqk
     h, v_new, _, seg_transition = _chunk_h(k, w, u, kd, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del u

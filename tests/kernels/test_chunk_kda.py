@@ -54,17 +54,17 @@ def chunk_op(kernels, dtype):
             ci, co = chunk_tables("chunk_kda", cu_seqlens, None, plan.chunk_size, q.shape[1])
             scale = q.shape[-1] ** -0.5
             # segments None: sequences walked whole (test_sequence_segments.py splits them)
-            o, ht, _ = module.chunk_fwd(q, k, v, g, beta, scale, h0, True, cu_seqlens, ci, co, None, plan)
-            ctx.save_for_backward(q, k, v, g, beta, h0)
+            o, ht, saved = module.chunk_fwd(q, k, v, g, beta, scale, h0, True, cu_seqlens, ci, co, None, plan)
+            ctx.save_for_backward(q, k, v, g, beta, h0, *saved)
             ctx.tables = (cu_seqlens, ci, co, scale)
             return o, ht
 
         @staticmethod
         def backward(ctx, do, dht):
             cu_seqlens, ci, co, scale = ctx.tables
-            q, k, v, g, beta, h0 = ctx.saved_tensors
-            grads = module.chunk_bwd(q, k, v, g, beta, (), scale, h0, do.contiguous(), dht.contiguous(), cu_seqlens,
-                                     ci, co, None, plan)
+            q, k, v, g, beta, h0, *saved = ctx.saved_tensors
+            grads = module.chunk_bwd(q, k, v, g, beta, saved, scale, h0, do.contiguous(), dht.contiguous(),
+                                     cu_seqlens, ci, co, None, plan)
             return (*grads, None)
 
     def op(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None):
