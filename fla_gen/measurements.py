@@ -238,6 +238,16 @@ SOURCES: dict[str, Source] = {
         "0.602 -> 0.567 at 2x8192x8x256 [32, 4, 2]; the gated delta rule 0.526 -> 0.417 at 4x4096x16x128 ([32, 4, 2], "
         "256 programs), 0.619 -> 0.497 at 8x2048x32x64 [64, 4, 2], slower on fewer programs (1x16384x16x128 0.645 "
         "-> 0.808, 2x8192x8x256 0.661 -> 0.716): share 1.9 as the scalar gate's walk, never at head dim 256", _H100),
+    "h200-delta-walk-inverse": Source(
+        "the delta family's forward walk building v_new = (Ai diag(beta)) (v - exp(G) k h) from fwd_solve's inverse "
+        "(fwd_solve also storing G) against reading fwd_wu's W and U, which then does not run in the forward; k's "
+        "tile transposed in registers rather than loaded twice (two loads took the walk to 116 KB of shared "
+        "memory, one program per SM: fwd_fused 0.387 -> 1.081 ms at Qwen3-Next's 4x4096, H=16, HV=32). "
+        "compare_builds.py, bf16, 2 alternating processes per build: at head dim 64 the gated delta rule's "
+        "forward 0.405 -> 0.361 ms at 8x2048x32x64 (worst round 1.119), the delta rule's 0.356 -> 0.315 (1.128), "
+        "forward+backward 1.676 -> 1.636 and 1.366 -> 1.324; at head dim 128 slower: the gated 0.379 -> 0.398 ms "
+        "at 4x4096x16x128 and 0.740 -> 0.792 with HV=32, the delta rule 0.306 -> 0.399 (0.357 on [128, 32] tiles "
+        "at 2 stages), so the walk reads W and U there", _H100),
     "h100-fused-walk-gla": Source(
         "the per-channel gated op's forward as one walk (every V-block program rebuilds q exp(G) and k exp(G_L "
         "- G)): faster only at "

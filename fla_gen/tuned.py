@@ -72,6 +72,8 @@ class FusedWalk:
     num_stages: int
     min_sm_share: float | None
     source: str
+    # the delta family's walk builds v_new from the chunks' inverses (LaunchConfig.reads_inverse); its own source
+    reads_inverse: str = ""
 
 
 def _never(source: str) -> FusedWalk:
@@ -87,10 +89,10 @@ FUSED_WALK: dict[str, dict[tuple[str, bool, int], FusedWalk]] = {
         ("chunk_scalar_gate", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-scalar"),
         ("chunk_scalar_gate", True, 128): FusedWalk(32, 4, 3, 1.9, "h100-fused-walk-scalar"),
         ("chunk_scalar_gate", True, 256): _never("h100-fused-walk-scalar"),
-        ("chunk_delta", False, 64): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta"),
+        ("chunk_delta", False, 64): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta", "h200-delta-walk-inverse"),
         ("chunk_delta", False, 128): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta"),
         ("chunk_delta", False, 256): FusedWalk(32, 4, 2, 0.45, "h100-fused-walk-delta"),
-        ("chunk_delta", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-delta"),
+        ("chunk_delta", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-delta", "h200-delta-walk-inverse"),
         ("chunk_delta", True, 128): FusedWalk(32, 4, 2, 1.9, "h100-fused-walk-delta"),
         ("chunk_delta", True, 256): _never("h100-fused-walk-delta"),
         ("chunk_channel_gate", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-gla"),

@@ -68,7 +68,7 @@ def select_plan(plans: dict[tuple[str, str, int], Plan], device: torch.device, d
 # ----------------------------------------------------------------------------- experiments
 
 # The LaunchConfig fields an experiment may change; the chunk size and the reasons stay the planner's.
-OVERRIDE_FIELDS = ("block_k", "block_v", "num_warps", "num_stages")
+OVERRIDE_FIELDS = ("block_k", "block_v", "num_warps", "num_stages", "reads_inverse")
 OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"
 
 _override: dict[str, dict[str, int]] | None = None
@@ -76,8 +76,8 @@ _env_cache: tuple[str, dict[str, dict[str, int]]] | None = None
 
 
 def parse_plan_override(overrides: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
-    """Check ``{stage: {field: value}}`` (fields from OVERRIDE_FIELDS, positive ints; tiles powers of
-    two >= 16) and return a plain copy; ValueError names the bad stage or field."""
+    """Check ``{stage: {field: value}}`` (fields from OVERRIDE_FIELDS: positive ints, tiles powers of two >= 16;
+    reads_inverse a bool) and return a plain copy; ValueError names the bad stage or field."""
     if not isinstance(overrides, Mapping):
         raise ValueError(f"plan override: expected {{stage: {{field: value}}}}, got {type(overrides).__name__}")
     out: dict[str, dict[str, int]] = {}
@@ -88,6 +88,11 @@ def parse_plan_override(overrides: Mapping[str, Mapping[str, int]]) -> dict[str,
             if name not in OVERRIDE_FIELDS:
                 raise ValueError(f"plan override of kernel {stage!r}: unknown field {name!r}; "
                                  f"known: {', '.join(OVERRIDE_FIELDS)}")
+            if name == "reads_inverse":
+                if not isinstance(value, bool):
+                    raise ValueError(f"plan override of kernel {stage!r}: reads_inverse must be true or false, "
+                                     f"got {value!r}")
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"plan override of kernel {stage!r}: {name} must be a positive int, got {value!r}")
             if name.startswith("block") and (value < 16 or value & (value - 1)):

@@ -43,6 +43,9 @@ class LaunchConfig:
     # None: never (not measured on the target, measured slower, or it does not fit).
     min_sm_share: float | None = 0.0
     source: str = ""
+    # For the delta family's fwd_fused: the walk builds v_new from fwd_solve's inverse, (Ai diag(beta)) (v - k h),
+    # rather than reading the W and U of fwd_wu, which then does not run in the forward.
+    reads_inverse: bool = False
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from .transforms import gated_delta_rule_transforms
 def gated_delta_rule_fwd_solve_kernel(
     k,
     g,
+    g_cum,
     beta,
     Ai,
     cu_seqlens,
@@ -45,6 +46,7 @@ def gated_delta_rule_fwd_solve_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     USE_G: tl.constexpr,
+    STORE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
@@ -54,7 +56,7 @@ def gated_delta_rule_fwd_solve_kernel(
     #      lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
     #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
-    #   3. Ai is stored in the input dtype.
+    #   3. Ai is stored in the input dtype; with STORE_G also G, for a walk that reads Ai itself (fwd_fused).
     # A launch of its own, apart from fwd_wu's W and U: the inverse's chain of 16x16 steps runs best on
     # fewer warps than those [BT, BT] x [BT, BK] dots (the plan's fwd_solve and fwd_wu stages,
     # fla_gen/measurements.py). On one warp this kernel spills 560-810 B on sm80-sm100 and is still the fastest
@@ -103,14 +105,22 @@ def gated_delta_rule_fwd_solve_kernel(
         b_gc = tl.load(g + (t0 + o_r0) * H + i_h, mask=m_r0, other=0.).to(tl.float32)
         b_G0 = b_Gs + tl.cumsum(b_gc, axis=0)
         b_Gs += tl.sum(b_gc, axis=0)
+        if STORE_G:
+            tl.store(g_cum + (t0 + o_r0) * H + i_h, b_G0, mask=m_r0)
         b_gc = tl.load(g + (t0 + o_r1) * H + i_h, mask=m_r1, other=0.).to(tl.float32)
         b_G1 = b_Gs + tl.cumsum(b_gc, axis=0)
         b_Gs += tl.sum(b_gc, axis=0)
+        if STORE_G:
+            tl.store(g_cum + (t0 + o_r1) * H + i_h, b_G1, mask=m_r1)
         b_gc = tl.load(g + (t0 + o_r2) * H + i_h, mask=m_r2, other=0.).to(tl.float32)
         b_G2 = b_Gs + tl.cumsum(b_gc, axis=0)
         b_Gs += tl.sum(b_gc, axis=0)
+        if STORE_G:
+            tl.store(g_cum + (t0 + o_r2) * H + i_h, b_G2, mask=m_r2)
         b_gc = tl.load(g + (t0 + o_r3) * H + i_h, mask=m_r3, other=0.).to(tl.float32)
         b_G3 = b_Gs + tl.cumsum(b_gc, axis=0)
+        if STORE_G:
+            tl.store(g_cum + (t0 + o_r3) * H + i_h, b_G3, mask=m_r3)
 
     # 1. K_c K_d^T for the ten blocks on or below the diagonal; K_d^T is loaded transposed.
     b_A00 = tl.zeros([16, 16], dtype=tl.float32)
@@ -473,6 +483,9 @@ def gated_delta_rule_fwd_fused_kernel(
     k,
     w,
     u,
+    Ai,
+    v,
+    beta,
     g_cum,
     o,
     h0,
@@ -491,12 +504,16 @@ def gated_delta_rule_fwd_fused_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    FROM_INVERSE: tl.constexpr,
 ):
     # fwd_h and fwd_o in one kernel: the state walk of fwd_h (one program per V block and sequence * head,
     # the whole-K state in fp32 registers) also writes each chunk's output,
     # o = scale * (exp(G) * (q @ h) + (causal(q @ k^T) * exp(G_i - G_j)) @ v_new),
     # so neither the chunk states nor v_new go through memory. The launcher takes it when the grid fills
     # enough of the GPU (launch.fused_walk_block_v), else fwd_h + fwd_o.
+    # v_new = U - W h, from fwd_wu's W and U; or with FROM_INVERSE (w, u None) from fwd_solve's inverse, as
+    # v_new = (Ai diag(beta)) (v - exp(G) * (k h)): W and U never go through memory, and
+    # fwd_wu does not run.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -544,10 +561,20 @@ def gated_delta_rule_fwd_fused_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         # the state and v_new enter the dots in the input dtype, as fwd_h stores them for fwd_o
         b_hb = b_h.to(k.dtype.element_ty)
-        b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
+        if FROM_INVERSE:
+            b_k = tl.load(k + t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+            b_x = tl.load(v + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_k, b_hb) * tl.exp(b_G)[:, None]
+            b_Ai = tl.load(Ai + (t0 + o_i[:, None]) * H * BT + i_h * BT + o_i[None, :], mask=m_A & m_t[:, None], other=0.)
+            b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
+            b_vn = tl.dot((b_Ai * b_beta[None, :]).to(k.dtype.element_ty), b_x.to(k.dtype.element_ty))
+            # k's tile transposed in registers rather than loaded again: a second pipelined [BT, K] buffer took
+            # the kernel's shared memory past half of an SM's, one program per SM instead of two
+            b_kT = tl.trans(b_k)
+        else:
+            b_w = tl.load(w + (t0 + i_wg) * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+            b_vn = tl.load(u + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_w, b_hb.to(b_w.dtype))
+            b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_q = tl.load(q + t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_kT = tl.load(k + t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
         b_vnb = b_vn.to(b_kT.dtype)
         # P before q @ h: in the other order the head-dim-128 build spilled 60 B at [64, 4 warps, 3 stages] (fla-gen
         # aot, sm90) and the forward took 0.404 ms against 0.329 at 4x4096x16x128 (H100; experiment in git history at 0a80dc0)
@@ -1110,6 +1137,40 @@ def gated_delta_rule_bwd_wy_kernel(
         tl.store(dg + (t0 + o_i) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
 
 
+def _chunk_inverse(k, g, beta, cu_seqlens, chunk_indices, plan, g_cum=None):
+    """Ai = (I + A)^{-1} of every chunk (fwd_solve), A = strict_tril(diag(beta) K K^T * exp(G_i - G_j)).
+    With g_cum ([B, T, H] float32) given, the chunk-local cumulative gate G is stored in it too.
+
+    Returns: Ai [B, T, H, BT] in k's dtype (row t holds the row of its chunk's inverse, lower triangle only)."""
+    B, T, HK, K = k.shape
+    H = beta.shape[2]
+    BT = plan.chunk_size
+    Ai = k.new_empty(B, T, H, BT)
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    cfg = plan.config("fwd_solve")
+    gated_delta_rule_fwd_solve_kernel[(NT, B * H)](
+        k,
+        g,
+        g_cum,
+        beta,
+        Ai,
+        cu_seqlens,
+        chunk_indices,
+        T,
+        H=H,
+        HK=HK,
+        K=K,
+        BT=BT,
+        BK=launch.dot_tile(cfg.block_k, K),
+        USE_G=g is not None,
+        STORE_G=g_cum is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return Ai
+
+
 def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=None):
     """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
     also dv_local = P^T do (backward). Ai: the inverses the forward kept, or None to build them (fwd_solve).
@@ -1130,26 +1191,7 @@ def _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=N
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
     if Ai is None:
-        Ai = k.new_empty(B, T, H, BT)
-        solve_cfg = plan.config("fwd_solve")
-        gated_delta_rule_fwd_solve_kernel[(NT, B * H)](
-            k,
-            g,
-            beta,
-            Ai,
-            cu_seqlens,
-            chunk_indices,
-            T,
-            H=H,
-        HK=HK,
-            K=K,
-            BT=BT,
-            BK=launch.dot_tile(solve_cfg.block_k, K),
-            USE_G=g is not None,
-            IS_VARLEN=cu_seqlens is not None,
-            num_warps=solve_cfg.num_warps,
-            num_stages=solve_cfg.num_stages,
-        )
+        Ai = _chunk_inverse(k, g, beta, cu_seqlens, chunk_indices, plan)
     gated_delta_rule_fwd_wu_kernel[(NT, B * H)](
         q,
         k,
@@ -1364,7 +1406,9 @@ def _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chun
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of the gated delta rule: fwd_solve and fwd_wu, then fwd_fused (the state
-    walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o.
+    walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o. Where the plan's
+    fwd_fused reads_inverse, a walk over whole sequences builds v_new from fwd_solve's inverse and fwd_wu does not
+    run.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
@@ -1394,9 +1438,16 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    w, u, Ai, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    saved = (Ai,) if launch.backward_follows() else ()
-    del Ai  # without a backward to read it, freed before the walk allocates
+    if segments is None and plan.config("fwd_fused").reads_inverse and launch.fused_walk_tile(plan, V, N * H, k.device):
+        # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
+        w = u = None
+        g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
+        Ai = _chunk_inverse(k, g, beta, cu_seqlens, chunk_indices, plan, g_cum)
+        saved = (Ai,) if launch.backward_follows() else ()
+    else:
+        w, u, Ai, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
+        saved = (Ai,) if launch.backward_follows() else ()
+        Ai = None  # the walk reads W and U; without a backward to read Ai, freed before the walk allocates
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
@@ -1414,6 +1465,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             k,
             w,
             u,
+            Ai,
+            v,
+            beta,
             g_cum,
             o,
             walk_initial_state,
@@ -1432,6 +1486,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             USE_INITIAL_STATE=walk_initial_state is not None,
             STORE_FINAL_STATE=walk_final_state is not None,
             IS_VARLEN=walk_cu_seqlens is not None,
+            FROM_INVERSE=Ai is not None,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

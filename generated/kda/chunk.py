@@ -1166,6 +1166,33 @@ def kda_bwd_dqkg_kernel(
         tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
+def _chunk_inverse(k, Mkk, beta, cu_seqlens, chunk_indices, plan):
+    """Ai = (I + A)^{-1} of every chunk (fwd_solve), A = strict_tril(diag(beta) M) from fwd_A's Mkk [B, T, H, BT].
+
+    Returns: Ai [B, T, H, BT] in k's dtype (row t holds the row of its chunk's inverse, lower triangle only)."""
+    B, T, HK, K = k.shape
+    H = beta.shape[2]
+    BT = plan.chunk_size
+    Ai = k.new_empty(B, T, H, BT)
+    NT = launch.num_chunks(T, BT, chunk_indices)
+    cfg = plan.config("fwd_solve")
+    kda_fwd_solve_kernel[(NT, B * H)](
+        Mkk,
+        beta,
+        Ai,
+        cu_seqlens,
+        chunk_indices,
+        T,
+        H=H,
+        HK=HK,
+        BT=BT,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return Ai
+
+
 def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=None):
     """W, U and the inverse Ai of every chunk (fwd_solve, then fwd_wu); with do given
     also dv_local = P^T do (backward). Ai: the inverses the forward kept, or None to build them (fwd_solve).
@@ -1189,22 +1216,7 @@ def _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, 
     dv_local = torch.empty_like(v, dtype=torch.float32) if do is not None else None
     kd = torch.empty_like(w)
     if Ai is None:
-        Ai = k.new_empty(B, T, H, BT)
-        solve_cfg = plan.config("fwd_solve")
-        kda_fwd_solve_kernel[(NT, B * H)](
-            Mkk,
-            beta,
-            Ai,
-            cu_seqlens,
-            chunk_indices,
-            T,
-            H=H,
-        HK=HK,
-            BT=BT,
-            IS_VARLEN=cu_seqlens is not None,
-            num_warps=solve_cfg.num_warps,
-            num_stages=solve_cfg.num_stages,
-        )
+        Ai = _chunk_inverse(k, Mkk, beta, cu_seqlens, chunk_indices, plan)
     kda_fwd_wu_kernel[(NT, B * H)](
         q,
         k,

@@ -182,6 +182,40 @@ def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
     assert not result.failures(), result.errors
 
 
+@pytest.mark.parametrize("reads_inverse", [False, True], ids=["from_w_u", "from_inverse"])
+@pytest.mark.parametrize(("package", "cu_seqlens"), [
+    ("delta_rule", None),
+    ("delta_rule", [0, 50, 50, 130]),
+    ("gated_delta_rule", None),
+    ("gated_delta_rule", [0, 63, 64, 64, 130]),
+])
+def test_delta_walk_reads_w_u_or_the_inverse(launched, package, cu_seqlens, reads_inverse):
+    """The delta family's fwd_fused either way (LaunchConfig.reads_inverse, forced by a plan override): from
+    fwd_wu's W and U, or building v_new from fwd_solve's inverse, when the forward runs no fwd_wu. Against the
+    float64 reference with every gradient (the backward runs fwd_wu either way), outputs poisoned."""
+    launched.watch(package)
+    override = {"fwd_fused": {"reads_inverse": reads_inverse}}
+    run_forward(package, package, 0, override)
+    forward = launched.take()
+    assert f"{package}_fwd_fused_kernel" in forward
+    assert (f"{package}_fwd_wu_kernel" in forward) != reads_inverse, forward
+    dims = (1, 130, 2, 64, 32) if cu_seqlens else (2, 100, 2, 32, 64)
+    with forced_arch("sm90"), launch.forced_sm_count(0), overridden_plans(override):
+        result = compare_chunk_op(package, dims, torch.float32, seed=19, cu_seqlens=cu_seqlens)
+    assert not result.failures(), result.errors
+
+
+def test_planned_walk_reads_the_inverse_where_measured():
+    """sm90's delta plans build v_new from the inverse in the walk at head dim 64, where it measured faster, and
+    read W and U at 128 and 256 (fla_gen/tuned.py FUSED_WALK, measurement h200-delta-walk-inverse)."""
+    for op in ("delta_rule", "gated_delta_rule"):
+        rec = recurrence(op)
+        chunk = select_algorithms(rec)[0]
+        reads = {hd: plan_algorithm(rec, chunk, "sm90", "bf16", hd).config("fwd_fused").reads_inverse
+                 for hd in (64, 128, 256)}
+        assert reads == {64: True, 128: False, 256: False}, (op, reads)
+
+
 @pytest.mark.parametrize("package", ["simple_gla", "gla", "gated_delta_rule"])
 def test_fused_forward_in_fp16(launched, package):
     """fwd_fused in fp16 (the state and v_new rounded to the input dtype before their dots, as fwd_h stores

@@ -94,6 +94,8 @@ def test_override_pins_only_its_kernel():
     ({"fwd_o": {"block_q": 16}}, "unknown field 'block_q'"),
     ({"fwd_o": {"block_v": 48}}, "power of two >= 16"),
     ({"fwd_o": {"num_warps": 0}}, "num_warps must be a positive int"),
+    ({"fwd_o": {"num_warps": True}}, "num_warps must be a positive int"),
+    ({"fwd_fused": {"reads_inverse": 1}}, "reads_inverse must be true or false"),
     ({"fwd_o": {}}, "non-empty"),
     ({"fwd_oo": {"num_warps": 8}}, r"does not have; known: \['fwd_h', 'fwd_o'"),
 ])
