@@ -10,10 +10,10 @@ How each number is measured (the same for every op, library and shape):
   softmax attention at the same B, T, H, D.
 - Both libraries are warmed in that process before any timing: their first forward and first backward
   (Triton compiles, fla's autotune), then a second forward and backward.
-- Then one untimed round of each library and mode (kept in the JSON as ``settle``): in the first processes
-  with fla's per-shape picks (H200, 1x16384), our first timed round after an op's warm-up was up to 32% slower
-  than the later ones in five of six (process, op) pairs, likely the GPU's clock after the idle seconds of a
-  compile. Whether this round removes that is not measured yet.
+- Then one untimed round of each library and mode (kept in the JSON as ``settle``), so that no timed round is
+  the first after a compile. Single slow rounds remain (H200, 1x16384: both libraries' rounds 35-105% apart in a
+  process whose settling rounds were fast, the kernel time unchanged): the host, not the GPU, which the
+  kernel-time column shows.
 - Then ``--rounds`` rounds, alternating ours, fla, ours, fla, ...: each round times ours and then fla with
   ``triton.testing.do_bench`` (median of its repetitions). A GPU that slows down or speeds up for a stretch
   then shows as a spread between rounds instead of landing on one library. SDPA is timed once per shape.
