@@ -641,13 +641,13 @@ def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: Ker
         if fit >= 2:
             used = _smem_bytes(shape, sizes, elem, fit)
             inverse = ("; v_new from fwd_solve's inverse in the walk (no fwd_wu in the forward)"
-                       if walk.reads_inverse else "")
-            return _config(head_dim, bv, walk.num_warps, fit, ["fused-walk", walk.source, walk.reads_inverse],
+                       if walk.inverse_source else "")
+            return _config(head_dim, bv, walk.num_warps, fit, ["fused-walk", walk.source, walk.inverse_source],
                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {walk.num_warps} warps, {fit} "
                            f"stages (~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
                            f"{'with' if gated else 'without'} a gate; taken while its V / BV * N*H programs reach "
                            f"{walk.min_sm_share}x the GPU's SMs (launch.fused_walk_block_v), else fwd_h + fwd_o"
-                           f"{inverse}", min_sm_share=walk.min_sm_share, reads_inverse=bool(walk.reads_inverse))
+                           f"{inverse}", min_sm_share=walk.min_sm_share, reads_inverse=bool(walk.inverse_source))
         bv //= 2
     return _never_launched(head_dim, "fused-walk-no-fit", f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s "
                                                           f"shared memory in {dtype}")

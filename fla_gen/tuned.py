@@ -72,8 +72,9 @@ class FusedWalk:
     num_stages: int
     min_sm_share: float | None
     source: str
-    # the delta family's walk builds v_new from the chunks' inverses (LaunchConfig.reads_inverse); its own source
-    reads_inverse: str = ""
+    # The measurement behind a delta-family walk that builds v_new from the chunks' inverses
+    # (LaunchConfig.reads_inverse); empty: the walk reads fwd_wu's W and U.
+    inverse_source: str = ""
 
 
 def _never(source: str) -> FusedWalk:
