@@ -1438,7 +1438,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    if segments is None and plan.config("fwd_fused").reads_inverse and launch.fused_walk_tile(plan, V, N * H, k.device):
+    walks = N if segments is None else segments.count
+    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
+    if BV and segments is None and plan.config("fwd_fused").reads_inverse:
         # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
         w = u = None
         g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
@@ -1448,8 +1450,6 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         w, u, Ai, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
         saved = (Ai,) if launch.backward_follows() else ()
         Ai = None  # the walk reads W and U; without a backward to read Ai, freed before the walk allocates
-    walks = N if segments is None else segments.count
-    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
