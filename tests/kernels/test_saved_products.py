@@ -32,7 +32,8 @@ def test_backward_from_saved_products_equals_recomputed(case):
     x = sample_inputs(recurrence(op), B, T, H, K, V, torch.float32, seed=3, HV=HV)
     N = B if offsets is None else len(offsets) - 1
     cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32)
-    call = {**{name: x[name] for name in inspect.signature(module._op_forward).parameters if name in x},
+    tensor_names = [name for name in inspect.signature(module._op_forward).parameters if name in x]
+    call = {**{name: x[name] for name in tensor_names},
             "scale": K ** -0.5, "initial_state": torch.randn(N, HV, K, V), "output_final_state": True,
             "cu_seqlens": cu, "cu_seqlens_cpu": None if cu is None else cu.clone(), "gate_lower_bound": None}
     with poisoned_allocations():
@@ -41,8 +42,7 @@ def test_backward_from_saved_products_equals_recomputed(case):
         do, dht = torch.randn_like(o), torch.randn_like(ht)
         from_saved = module._op_backward(**call, do=do, dht=dht, saved=saved)
         recomputed = module._op_backward(**call, do=do, dht=dht, saved=[])
-    names = [n for n in inspect.signature(module._op_forward).parameters if n in x] + ["initial_state"]
-    for name, a, b in zip(names, from_saved, recomputed, strict=False):
+    for name, a, b in zip([*tensor_names, "initial_state"], from_saved, recomputed, strict=False):
         assert torch.isfinite(a).all(), f"{op}: d{name} from the saved products is not finite"
         assert torch.equal(a, b), f"{op}: d{name} differs between the saved and the recomputed backward"
 
