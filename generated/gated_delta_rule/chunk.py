@@ -1443,15 +1443,16 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     NT = launch.num_chunks(T, BT, chunk_indices)
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
-    if BV and segments is None and plan.config("fwd_fused").reads_inverse:
+    reads_inverse = BV and segments is None and plan.config("fwd_fused").reads_inverse
+    if reads_inverse:
         # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
         w = u = None
         g_cum = torch.empty(B, T, H, dtype=torch.float32, device=k.device) if g is not None else None
         Ai = _chunk_inverse(k, g, beta, cu_seqlens, chunk_indices, plan, g_cum)
-        saved = (Ai,) if launch.backward_follows() else ()
     else:
         w, u, Ai, _, g_cum = _chunk_wu(q, k, v, g, beta, scale, None, cu_seqlens, chunk_indices, plan)
-        saved = (Ai,) if launch.backward_follows() else ()
+    saved = (Ai,) if launch.backward_follows() else ()
+    if not reads_inverse:
         Ai = None  # the walk reads W and U; without a backward to read Ai, freed before the walk allocates
     if BV:
         cfg = plan.config("fwd_fused")
