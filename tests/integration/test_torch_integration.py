@@ -281,6 +281,15 @@ def test_an_unused_output_gets_no_zero_gradient(mode, eager, monkeypatch):
     h0 = torch.randn(2, 1, 16, 16, requires_grad=True)
     leaves = [*(t.requires_grad_(True) for t in x.values()), h0]
     fn = getattr(module, f"{mode}_{op}")
+    backward_dht = []  # the final state's gradient as each backward op receives it
+    real_call_op = torch_op.call_op
+
+    def spy(op_, body, *args):
+        if body.__name__ == "_op_backward":
+            backward_dht.append(args[-2])
+        return real_call_op(op_, body, *args)
+
+    monkeypatch.setattr(torch_op, "call_op", spy)
 
     def grads(o_weight, ht_weight):
         o, ht = fn(*leaves[:-1], initial_state=h0, output_final_state=True)
@@ -290,7 +299,11 @@ def test_an_unused_output_gets_no_zero_gradient(mode, eager, monkeypatch):
 
     do, dht = torch.randn(2, 10, 1, 16), torch.randn(2, 1, 16, 16)
     for only, zeros in (((do, None), (do, torch.zeros_like(dht))), ((None, dht), (torch.zeros_like(do), dht))):
-        for g1, g2 in zip(grads(*only), grads(*zeros), strict=True):
+        backward_dht.clear()
+        only_grads = grads(*only)
+        # final_state unused: its backward gets None (no zero tensor made for it); used: the gradient itself
+        assert len(backward_dht) == 1 and (backward_dht[0] is None) == (only[1] is None), backward_dht
+        for g1, g2 in zip(only_grads, grads(*zeros), strict=True):
             assert relative_error(g1, g2) < 1e-6
 
 
