@@ -55,7 +55,8 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     assert status["bk32_bv64_w4_s1"] == "crash"  # a CUDA error: recorded, then a fresh worker
     ok = [v for v in row["variants"] if v["status"] == "ok"]
     assert [v["variant"] for v in ok] == ["bk32_bv64_w4_s3", "bk32_bv64_w4_s4"]
-    assert all(v["max_err"] <= 1e-2 and v["op_ms"] > 0 and v["launch"][0][:2] == [32, 64] for v in ok)
+    # the sweep marks "ok" only under --tol (1e-2); fp32 tiles of one op agree far closer than that
+    assert all(v["max_err"] <= 1e-5 and v["op_ms"] > 0 and v["launch"][0][:2] == [32, 64] for v in ok)
     assert report["workers"]["linear_attn_1x20x1x20x64"]["starts"] == 3
     assert row["best"] in {v["variant"] for v in ok} and row["speedup"] > 0
     table = sweep_plans.render_table(report)
