@@ -40,7 +40,8 @@ def test_plan_explains_every_choice(capsys):
                  "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "chunk size 64" in out and f"{ARCHS['sm90'].smem_per_block // 1024} KB" in out
-    assert all("#" in line for line in out.splitlines() if "warps=" in line)
+    kernel_lines = [line for line in out.splitlines() if "warps=" in line]
+    assert kernel_lines and all("#" in line for line in kernel_lines), out
 
 
 def test_plan_rejects_unknown_arch():
