@@ -271,7 +271,9 @@ def test_guards_of_another_family_match_reference(tmp_path, rotate, gate):
                                           {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **kw)
             errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
             errors.update({f"d{n}": relative_error(grads[n], grads_r[n]) for n in x if grads_r[n].any()})
-            assert all(e <= 5e-4 for e in errors.values()), (mode, errors)
+            tol_fwd, tol_grad = TOLERANCE[torch.float32]
+            assert all(e <= (tol_fwd if n in ("o", "final_state") else tol_grad) for n, e in errors.items()), (
+                mode, errors)
             if not gate:  # w is read only by the switched-off gate line
                 assert not grads["w"].any() and not grads_r["w"].any()
     finally:
