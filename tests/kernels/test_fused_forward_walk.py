@@ -172,14 +172,18 @@ def test_the_launcher_picks_the_forward_by_grid(launched, package):
     ("gated_delta_rule", [0, 63, 64, 64, 130]),
     ("gated_delta_rule_rope", [0, 63, 64, 64, 130]),
 ])
-def test_both_forwards_match_the_reference(package, cu_seqlens, sms):
+def test_both_forwards_match_the_reference(launched, package, cu_seqlens, sms):
     """With the H100's plans, fwd_fused (0 SMs) and fwd_h + fwd_o (1000 SMs) against the float64 reference:
     outputs, final states and every gradient, with an initial state, over chunk-boundary lengths and an empty
-    sequence, outputs poisoned."""
+    sequence, outputs poisoned; the forward that ran is the one named."""
+    launched.watch(package)
     dims = (1, 130, 2, 64, 32) if cu_seqlens else (2, 100, 2, 32, 64)
     with forced_arch("sm90"), launch.forced_sm_count(sms):
         result = compare_chunk_op(package, dims, torch.float32, seed=13, cu_seqlens=cu_seqlens)
     assert not result.failures(), result.errors
+    names = launched.take()
+    assert (f"{package}_fwd_fused_kernel" in names) == (sms == 0), names
+    assert (f"{package}_fwd_o_kernel" in names) == (sms != 0), names
 
 
 @pytest.mark.parametrize("reads_inverse", [False, True], ids=["from_w_u", "from_inverse"])
