@@ -4,6 +4,7 @@ reference (outputs, final state and every gradient, the initial state's included
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from fla_gen.plan import DIAGONAL_SPLIT, DPLR_SPLIT, TRANSITION_SPLIT
 from fla_gen.runtime import launch, segments
+from fla_gen.runtime.dispatch import forced_arch
 from fla_gen.sample import relative_error, sample_inputs
 from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
 
@@ -122,6 +124,10 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
         assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 64
 
 
+# The packages whose chunk op has a fused forward walk (fwd_fused).
+FUSED_WALK_PACKAGES = {"linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "gated_delta_rule_rope"}
+
+
 # Every family's backward scans twice: the states again (its recompute), then their gradients.
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks"), [
@@ -152,12 +158,22 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_s
     name = next(n for n in dir(module) if n.endswith("_segment_scan_kernel"))
     scan = _CountingKernel(getattr(module, name))
     monkeypatch.setattr(module, name, scan)
+    # the families with a fused forward walk take it on 0 SMs under sm90's plans (sm80's, the default, never do);
+    # the state walk runs on the default plans
+    fused = None
+    if package in FUSED_WALK_PACKAGES:
+        fused_name = name.replace("_segment_scan_kernel", "_fwd_fused_kernel")
+        fused = _CountingKernel(getattr(module, fused_name))
+        monkeypatch.setattr(module, fused_name, fused)
     dims = (1, 300, 2, 32, 32) if cu_seqlens else (2, 200, 2, 32, 32)
-    with segments.forced_segment_chunks(chunks), launch.forced_sm_count(1000 if many_sms else 0):
+    arch = contextlib.nullcontext() if many_sms else forced_arch("sm90")
+    with segments.forced_segment_chunks(chunks), launch.forced_sm_count(1000 if many_sms else 0), arch:
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens,
                                   op=name.removesuffix("_segment_scan_kernel"))
     assert not result.failures(), result.errors
     assert scan.launches == 3
+    if fused is not None:
+        assert (fused.launches > 0) == (not many_sms), fused.launches
 
 
 @pytest.mark.parametrize("package", ["gated_delta_rule", "kda", "rwkv7"])
