@@ -11,6 +11,7 @@ head count (q, k on H; beta, g on HV): with autograd and fla's switches on, no q
 heads. KDA's grouped ops are also checked against a second construction: an ungrouped build of specs/kda.fla
 (every input on H heads) run on q and k repeated over their groups."""
 
+import contextlib
 import importlib
 import sys
 
@@ -81,11 +82,16 @@ def test_gated_delta_rule_grouped_varlen(mode, cu_seqlens):
     ("kda", 2, 200, None),
     ("kda", 1, 300, [0, 50, 50, 300]),
 ])
-def test_grouped_chunk_op_over_segments(op, B, T, cu_seqlens, many_sms):
+def test_grouped_chunk_op_over_segments(op, B, T, cu_seqlens, many_sms, monkeypatch):
     """The grouped chunk ops with their sequences split into one-chunk segments (fla_gen/runtime/segments.py)
-    match the float64 reference: outputs, final state and every gradient."""
-    with segments.forced_segment_chunks(1), launch.forced_sm_count(1000 if many_sms else 0):
+    match the float64 reference: outputs, final state and every gradient. gated_delta_rule's forward is its fused
+    walk on 0 SMs under sm90's plans (sm80's, the default, have none) and the state walk on 1000."""
+    tiles = spy_on_launch(monkeypatch, "fused_walk_tile")
+    arch = forced_arch("sm90") if op == "gated_delta_rule" and not many_sms else contextlib.nullcontext()
+    with segments.forced_segment_chunks(1), launch.forced_sm_count(1000 if many_sms else 0), arch:
         _check(_gdn_case("chunk", B, T, cu_seqlens, seed=14, op=op))
+    if op == "gated_delta_rule":
+        assert tiles and all((tile > 0) == (not many_sms) for tile in tiles), tiles
 
 
 def test_grouped_spec_with_hv_equal_h_runs_ungrouped():
