@@ -42,7 +42,7 @@ def test_backward_from_saved_products_equals_recomputed(case):
         do, dht = torch.randn_like(o), torch.randn_like(ht)
         from_saved = module._op_backward(**call, do=do, dht=dht, saved=saved)
         recomputed = module._op_backward(**call, do=do, dht=dht, saved=[])
-    for name, a, b in zip([*tensor_names, "initial_state"], from_saved, recomputed, strict=False):
+    for name, a, b in zip([*tensor_names, "initial_state"], from_saved, recomputed, strict=True):
         assert torch.isfinite(a).all(), f"{op}: d{name} from the saved products is not finite"
         assert torch.equal(a, b), f"{op}: d{name} differs between the saved and the recomputed backward"
 
