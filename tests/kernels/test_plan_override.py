@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fla_gen.runtime import dispatch
+from fla_gen.runtime import launch as launch_rules
 from fla_gen.runtime.dispatch import OVERRIDE_ENV, overridden_plans
 from tests.support import generated, poisoned_allocations
 
@@ -68,8 +69,10 @@ def test_override_reaches_the_launchers_forward_and_backward(monkeypatch):
         assert _rel(t.grad, r.grad) < 1e-5
 
     fwd_o.launches.clear()
-    pkg.chunk_linear_attn(q, k, v)  # the override ended with its block
-    assert (fwd_o.launches[0]["BK"], fwd_o.launches[0]["num_warps"]) == (32, 4)
+    pkg.chunk_linear_attn(q, k, v)  # the override ended with its block: the selected plan's fwd_o again
+    cfg = dispatch.select_plan(pkg.plans.CHUNK_PLANS, q.device, q.dtype, q.shape[-1]).config("fwd_o")
+    expected = (launch_rules.dot_tile(cfg.block_k, q.shape[-1]), cfg.num_warps)
+    assert (fwd_o.launches[0]["BK"], fwd_o.launches[0]["num_warps"]) == expected != (16, 8)
 
 
 def test_override_from_the_environment(monkeypatch):
