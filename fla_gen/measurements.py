@@ -38,15 +38,17 @@ SOURCES: dict[str, Source] = {
     "whole-k": Source("rule: whole K with a [K, BV] fp32 state tile in registers; BV = 64 / 32 / 16 at head dim 64 / "
                       "128 / 256 keeps it from spilling (fla-gen aot) and gives the sequential walk more programs"),
     "solve-one-warp": Source(
-        "rule: the delta family's fwd_solve (the chunk's A and its blockwise inverse) on one warp, although it spills"
-        " 560-810 B there (sm80, sm89, sm90, sm100; fla-gen aot). Measured on the H200 (bf16, the real ops through "
-        "plan overrides, 3 alternating rounds in one process per shape, the fused fwd_wu's build in processes before "
-        "and after): Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward 0.810-0.816 ms with the "
-        "fused fwd_wu (2 warps); split, fwd_solve on 4 warps 1.020-1.022, on 2 0.831-0.833, on 1 0.775-0.778 (fwd_wu "
-        "on 2) and 0.761-0.763 (fwd_wu on 4); forward+backward 3.94-3.96 fused, 3.82-3.83 split (1, 4). The delta "
-        "rule at 4x4096x16x128: forward 0.325-0.327 fused; split 0.425-0.428 (4 warps), 0.339-0.340 (2), 0.322-0.324 "
-        "(1), 0.317-0.318 (1, fwd_wu on 4); forward+backward 1.33 both. fla-core's autotune picks one warp for its "
-        "kkt_solve there too (0.19 ms on 1 warp against 0.60 on 4). Not measured off sm90"),
+        "rule: the delta family's fwd_solve (the chunk's A and its blockwise inverse) on one warp, although it "
+        "spills up to 104 B there on sm90 (none on sm80 and sm100; fla-gen aot; 560-810 B when these figures were "
+        "measured, before the inverse's merge dots took tf32 for 16-bit inputs). Measured on the H200 (bf16, the "
+        "real ops through plan overrides, 3 alternating rounds in one process per shape, the fused fwd_wu's build in "
+        "processes before and after): Qwen3-Next's gated delta rule (4x4096, H=16, HV=32, K=V=128) forward "
+        "0.810-0.816 ms with the fused fwd_wu (2 warps); split, fwd_solve on 4 warps 1.020-1.022, on 2 0.831-0.833, "
+        "on 1 0.775-0.778 (fwd_wu on 2) and 0.761-0.763 (fwd_wu on 4); forward+backward 3.94-3.96 fused, 3.82-3.83 "
+        "split (1, 4). The delta rule at 4x4096x16x128: forward 0.325-0.327 fused; split 0.425-0.428 (4 warps), "
+        "0.339-0.340 (2), 0.322-0.324 (1), 0.317-0.318 (1, fwd_wu on 4); forward+backward 1.33 both. fla-core's "
+        "autotune picks one warp for its kkt_solve there too (0.19 ms on 1 warp against 0.60 on 4). Not measured off "
+        "sm90"),
     "sub-chunk": Source("rule: one program per 16-token sub-chunk; its 16-row dots are mma.sync on every target"),
     "sub-chunk-loop": Source("rule: one program per sub-chunk and K tile; the loop over the other sub-chunks has at "
                              "most BT / 16 - 1 steps, too few to pipeline"),

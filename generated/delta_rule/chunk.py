@@ -41,6 +41,7 @@ def delta_rule_fwd_solve_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
     # handled as four 16-row blocks (block c holds rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are
@@ -48,12 +49,16 @@ def delta_rule_fwd_solve_kernel(
     #   1. A blocks A_cd = beta_c K_c K_d^T (c >= d; diagonal blocks strictly
     #      lower).
     #   2. Ai_cc = (I + A_cc)^{-1} by forward substitution, then the off-diagonal blocks of the inverse,
-    #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
+    #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with 16x16 dots of fp32 tiles (DOT_PRECISION: tf32 for
+    #      16-bit inputs, whose Ai is stored in that dtype anyway; "ieee" for fp32). As "ieee" FMA dots these
+    #      merges spilled 648 B on sm90 (fla-gen aot, head dim 128) and the gated delta rule's forward took
+    #      0.740 ms against 0.677 with tf32 (Qwen3-Next's 4x4096, H = 16, HV = 32; H200), with the same error
+    #      against float64 (benchmarks/gpu_check.py).
     #   3. Ai is stored in the input dtype.
     # A launch of its own, apart from fwd_wu's W and U: the inverse's chain of 16x16 steps runs best on
     # fewer warps than those [BT, BT] x [BT, BK] dots (the plan's fwd_solve and fwd_wu stages,
-    # fla_gen/measurements.py). On one warp this kernel spills 560-810 B on sm80-sm100 and is still the fastest
-    # measured.
+    # fla_gen/measurements.py). On one warp this kernel spills up to 104 B on sm90 (none on sm80 and sm100) and is
+    # still the fastest measured.
     tl.static_assert(BT % 16 == 0 and BT <= 64, "chunk_delta: the chunk size must be 16, 32 or 64")
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -158,23 +163,23 @@ def delta_rule_fwd_solve_kernel(
     b_Ai11 = b_X1 + b_I
     b_Ai22 = b_X2 + b_I
     b_Ai33 = b_X3 + b_I
-    # 2b. Off-diagonal blocks, block row by block row (each needs the rows above it), in fp32.
-    b_Y = tl.dot(b_A10, b_Ai00, input_precision="ieee")
-    b_Ai10 = -tl.dot(b_Ai11, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A21, b_Ai11, input_precision="ieee")
-    b_Ai21 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A20, b_Ai00, input_precision="ieee")
-    b_Y = tl.dot(b_A21, b_Ai10, b_Y, input_precision="ieee")
-    b_Ai20 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai22, input_precision="ieee")
-    b_Ai32 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A31, b_Ai11, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai21, b_Y, input_precision="ieee")
-    b_Ai31 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A30, b_Ai00, input_precision="ieee")
-    b_Y = tl.dot(b_A31, b_Ai10, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
-    b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
+    # 2b. Off-diagonal blocks, block row by block row (each needs the rows above it), fp32 tiles.
+    b_Y = tl.dot(b_A10, b_Ai00, input_precision=DOT_PRECISION)
+    b_Ai10 = -tl.dot(b_Ai11, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A21, b_Ai11, input_precision=DOT_PRECISION)
+    b_Ai21 = -tl.dot(b_Ai22, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A20, b_Ai00, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A21, b_Ai10, b_Y, input_precision=DOT_PRECISION)
+    b_Ai20 = -tl.dot(b_Ai22, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai22, input_precision=DOT_PRECISION)
+    b_Ai32 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A31, b_Ai11, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai21, b_Y, input_precision=DOT_PRECISION)
+    b_Ai31 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A30, b_Ai00, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A31, b_Ai10, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision=DOT_PRECISION)
+    b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
 
     # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
@@ -979,6 +984,7 @@ def _chunk_inverse(k, beta, cu_seqlens, chunk_indices, plan):
         BT=BT,
         BK=launch.dot_tile(cfg.block_k, K),
         IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

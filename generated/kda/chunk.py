@@ -347,6 +347,7 @@ def kda_fwd_solve_kernel(
     HK: tl.constexpr,
     BT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program per (chunk, batch * head): the chunk's Ai = (I + A)^{-1}, stored for fwd_wu. The chunk is
     # handled as four 16-row blocks (block c holds rows 16c .. 16c + 15); blocks past BT (BT = 16 or 32) are
@@ -354,7 +355,8 @@ def kda_fwd_solve_kernel(
     #   1. A blocks A_cd = beta_c M_cd (c >= d; diagonal blocks strictly lower), M = K K^T * Gamma from fwd_A
     #      (fp32, built in 16-token sub-chunks so that no exponent is positive).
     #   2. Ai_cc = (I + A_cc)^{-1} as a product of powers of A_cc, then the off-diagonal blocks of the inverse,
-    #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with fp32 ("ieee") 16x16 dots.
+    #      Ai_cd = -Ai_cc sum_{d <= m < c} A_cm Ai_md, with 16x16 dots of fp32 tiles (DOT_PRECISION: tf32 for
+    #      16-bit inputs, whose Ai is stored in that dtype anyway; "ieee" for fp32).
     #   3. Ai is stored in the input dtype.
     # A launch of its own, apart from fwd_wu's W and U: the inverse's chain of 16x16 steps runs best on
     # fewer warps than those [BT, BT] x [BT, BK] dots (the plan's fwd_solve and fwd_wu stages,
@@ -413,54 +415,54 @@ def kda_fwd_solve_kernel(
     b_A33 = tl.where(m_s, b_A33, 0.)
 
     # 2a. Ai_cc = (I + N)^{-1}, N = A_cc strictly lower (so N^16 = 0), as the product
-    #     (I - N)(I + N^2)(I + N^4)(I + N^8) of fp32 16x16 dots: four dots deep where forward
+    #     (I - N)(I + N^2)(I + N^4)(I + N^8) of 16x16 dots (DOT_PRECISION): four dots deep where forward
     #     substitution is 14 dependent row steps of two cross-thread reductions each. With the per-channel
     #     gate this fwd_wu went from 0.367 to 0.283 ms at 4x4096x16x128 (H100, bf16, the same error
     #     against float64). The other renderings keep forward substitution: their fwd_wu spends its time
     #     elsewhere (0.430 against 0.429 ms forward), and forward+backward measured 2-5% slower with the
     #     powers, whose extra live tiles meet the backward's dv_local.
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
-    b_N0 = tl.dot(b_A00, b_A00, input_precision="ieee")
-    b_Ai00 = b_I - b_A00 + b_N0 - tl.dot(b_A00, b_N0, input_precision="ieee")
-    b_N1 = tl.dot(b_A11, b_A11, input_precision="ieee")
-    b_Ai11 = b_I - b_A11 + b_N1 - tl.dot(b_A11, b_N1, input_precision="ieee")
-    b_N2 = tl.dot(b_A22, b_A22, input_precision="ieee")
-    b_Ai22 = b_I - b_A22 + b_N2 - tl.dot(b_A22, b_N2, input_precision="ieee")
-    b_N3 = tl.dot(b_A33, b_A33, input_precision="ieee")
-    b_Ai33 = b_I - b_A33 + b_N3 - tl.dot(b_A33, b_N3, input_precision="ieee")
-    b_N0 = tl.dot(b_N0, b_N0, input_precision="ieee")  # N^4
-    b_Ai00 += tl.dot(b_Ai00, b_N0, input_precision="ieee")
-    b_N1 = tl.dot(b_N1, b_N1, input_precision="ieee")  # N^4
-    b_Ai11 += tl.dot(b_Ai11, b_N1, input_precision="ieee")
-    b_N2 = tl.dot(b_N2, b_N2, input_precision="ieee")  # N^4
-    b_Ai22 += tl.dot(b_Ai22, b_N2, input_precision="ieee")
-    b_N3 = tl.dot(b_N3, b_N3, input_precision="ieee")  # N^4
-    b_Ai33 += tl.dot(b_Ai33, b_N3, input_precision="ieee")
-    b_N0 = tl.dot(b_N0, b_N0, input_precision="ieee")  # N^8
-    b_Ai00 += tl.dot(b_Ai00, b_N0, input_precision="ieee")
-    b_N1 = tl.dot(b_N1, b_N1, input_precision="ieee")  # N^8
-    b_Ai11 += tl.dot(b_Ai11, b_N1, input_precision="ieee")
-    b_N2 = tl.dot(b_N2, b_N2, input_precision="ieee")  # N^8
-    b_Ai22 += tl.dot(b_Ai22, b_N2, input_precision="ieee")
-    b_N3 = tl.dot(b_N3, b_N3, input_precision="ieee")  # N^8
-    b_Ai33 += tl.dot(b_Ai33, b_N3, input_precision="ieee")
-    # 2b. Off-diagonal blocks, block row by block row (each needs the rows above it), in fp32.
-    b_Y = tl.dot(b_A10, b_Ai00, input_precision="ieee")
-    b_Ai10 = -tl.dot(b_Ai11, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A21, b_Ai11, input_precision="ieee")
-    b_Ai21 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A20, b_Ai00, input_precision="ieee")
-    b_Y = tl.dot(b_A21, b_Ai10, b_Y, input_precision="ieee")
-    b_Ai20 = -tl.dot(b_Ai22, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai22, input_precision="ieee")
-    b_Ai32 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A31, b_Ai11, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai21, b_Y, input_precision="ieee")
-    b_Ai31 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A30, b_Ai00, input_precision="ieee")
-    b_Y = tl.dot(b_A31, b_Ai10, b_Y, input_precision="ieee")
-    b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision="ieee")
-    b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision="ieee")
+    b_N0 = tl.dot(b_A00, b_A00, input_precision=DOT_PRECISION)
+    b_Ai00 = b_I - b_A00 + b_N0 - tl.dot(b_A00, b_N0, input_precision=DOT_PRECISION)
+    b_N1 = tl.dot(b_A11, b_A11, input_precision=DOT_PRECISION)
+    b_Ai11 = b_I - b_A11 + b_N1 - tl.dot(b_A11, b_N1, input_precision=DOT_PRECISION)
+    b_N2 = tl.dot(b_A22, b_A22, input_precision=DOT_PRECISION)
+    b_Ai22 = b_I - b_A22 + b_N2 - tl.dot(b_A22, b_N2, input_precision=DOT_PRECISION)
+    b_N3 = tl.dot(b_A33, b_A33, input_precision=DOT_PRECISION)
+    b_Ai33 = b_I - b_A33 + b_N3 - tl.dot(b_A33, b_N3, input_precision=DOT_PRECISION)
+    b_N0 = tl.dot(b_N0, b_N0, input_precision=DOT_PRECISION)  # N^4
+    b_Ai00 += tl.dot(b_Ai00, b_N0, input_precision=DOT_PRECISION)
+    b_N1 = tl.dot(b_N1, b_N1, input_precision=DOT_PRECISION)  # N^4
+    b_Ai11 += tl.dot(b_Ai11, b_N1, input_precision=DOT_PRECISION)
+    b_N2 = tl.dot(b_N2, b_N2, input_precision=DOT_PRECISION)  # N^4
+    b_Ai22 += tl.dot(b_Ai22, b_N2, input_precision=DOT_PRECISION)
+    b_N3 = tl.dot(b_N3, b_N3, input_precision=DOT_PRECISION)  # N^4
+    b_Ai33 += tl.dot(b_Ai33, b_N3, input_precision=DOT_PRECISION)
+    b_N0 = tl.dot(b_N0, b_N0, input_precision=DOT_PRECISION)  # N^8
+    b_Ai00 += tl.dot(b_Ai00, b_N0, input_precision=DOT_PRECISION)
+    b_N1 = tl.dot(b_N1, b_N1, input_precision=DOT_PRECISION)  # N^8
+    b_Ai11 += tl.dot(b_Ai11, b_N1, input_precision=DOT_PRECISION)
+    b_N2 = tl.dot(b_N2, b_N2, input_precision=DOT_PRECISION)  # N^8
+    b_Ai22 += tl.dot(b_Ai22, b_N2, input_precision=DOT_PRECISION)
+    b_N3 = tl.dot(b_N3, b_N3, input_precision=DOT_PRECISION)  # N^8
+    b_Ai33 += tl.dot(b_Ai33, b_N3, input_precision=DOT_PRECISION)
+    # 2b. Off-diagonal blocks, block row by block row (each needs the rows above it), fp32 tiles.
+    b_Y = tl.dot(b_A10, b_Ai00, input_precision=DOT_PRECISION)
+    b_Ai10 = -tl.dot(b_Ai11, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A21, b_Ai11, input_precision=DOT_PRECISION)
+    b_Ai21 = -tl.dot(b_Ai22, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A20, b_Ai00, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A21, b_Ai10, b_Y, input_precision=DOT_PRECISION)
+    b_Ai20 = -tl.dot(b_Ai22, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai22, input_precision=DOT_PRECISION)
+    b_Ai32 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A31, b_Ai11, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai21, b_Y, input_precision=DOT_PRECISION)
+    b_Ai31 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A30, b_Ai00, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A31, b_Ai10, b_Y, input_precision=DOT_PRECISION)
+    b_Y = tl.dot(b_A32, b_Ai20, b_Y, input_precision=DOT_PRECISION)
+    b_Ai30 = -tl.dot(b_Ai33, b_Y, input_precision=DOT_PRECISION)
 
     # 3. Store the blocks of Ai (the blocks above the diagonal are never stored: every read masks them).
     tl.store(Ai_c + o_r0[:, None] * (H * BT) + o_r0[None, :], b_Ai00.to(Ai.dtype.element_ty), mask=m_r0[:, None])
@@ -1187,6 +1189,7 @@ def _chunk_inverse(k, Mkk, beta, cu_seqlens, chunk_indices, plan):
         HK=HK,
         BT=BT,
         IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(k.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
