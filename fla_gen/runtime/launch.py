@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
+from fla_gen.runtime.group_sum import sum_groups  # noqa: F401  (re-exported: the launchers call launch.sum_groups)
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, LaunchConfig, Plan
 
 
@@ -235,13 +236,3 @@ def group_partials(x: torch.Tensor, heads: int) -> torch.Tensor:
     HK, so that sum_groups adds unrounded partials, else x's dtype (no group: the buffer is the gradient)."""
     B, T, HK, K = x.shape
     return x.new_empty(B, T, heads, K, dtype=torch.float32 if heads != HK else x.dtype)
-
-
-def sum_groups(partials: torch.Tensor, key_heads: int) -> torch.Tensor:
-    """The gradient of a key-side input [B, T, HK, K] from its per-value-head partials [B, T, H, K]
-    (group_partials): key head i serves the value heads i * H // HK ... (i + 1) * H // HK - 1, so its
-    gradient is their sum. The partials themselves when H == HK."""
-    B, T, H, K = partials.shape
-    if H == key_heads:
-        return partials
-    return partials.view(B, T, key_heads, H // key_heads, K).sum(3)

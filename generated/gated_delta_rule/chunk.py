@@ -1632,7 +1632,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    dq, dk = launch.sum_groups(dq, HK), launch.sum_groups(dk, HK)
+    dq, dk = launch.sum_groups(dq, HK, q.dtype), launch.sum_groups(dk, HK, k.dtype)
     return dq, dk, dv, dg, dbeta, dh0
 
 

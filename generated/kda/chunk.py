@@ -1612,7 +1612,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
         H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    dq, dk = launch.sum_groups(dq, HK), launch.sum_groups(dk, HK)
+    dq, dk = launch.sum_groups(dq, HK, q.dtype), launch.sum_groups(dk, HK, k.dtype)
     return dq, dk, dv, dg if g is not None else None, dbeta, dh0
 
 

@@ -112,7 +112,7 @@ def test_grouped_layouts_and_the_kernels_that_group_are_emitted():
     assert "row_k = (bos + t) * H + i_hk" in files["t/fused_recurrent.py"]
     assert "i_hk = i_h // (H // HK)" in chunk and "k_c = k + t0 * HK * K + i_hk * K" in chunk
     # dq and dk: per value head, summed over each group by the launcher
-    assert "dq, dk = launch.sum_groups(dq, HK), launch.sum_groups(dk, HK)" in chunk
+    assert "dq, dk = launch.sum_groups(dq, HK, q.dtype), launch.sum_groups(dk, HK, k.dtype)" in chunk
     assert "v: [B, T, HV, V] values" in chunk
     assert "final_state: [N, HV, K, V]" in chunk
     ref = files["t/reference.py"]
