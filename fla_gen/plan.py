@@ -280,7 +280,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
                    _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
                   chunked=True, segment_rule=DIAGONAL_SPLIT),
-        # Delta family (WY / UT transform): fwd_solve builds (I + A)^-1 by forward substitution on 16x16 blocks
+        # Delta family (WY / UT transform): fwd_solve builds (I + A)^-1 as products of powers on 16x16 blocks
         # merged with dots, on one warp; fwd_wu W and U from it on the tile rule's warps; fwd_h and bwd_dh walk
         # the chunks with a whole-K state tile.
         Algorithm("chunk_delta", "kernels/chunk_delta.jinja",
