@@ -15,10 +15,9 @@ fake outputs, so the shapes under tracing cannot drift from what the kernels rea
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,27 +29,11 @@ from fla_gen.runtime import launch
 from fla_gen.runtime.dispatch import active_plan_override, overridden_plans
 from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.segments import segment_tables
+from fla_gen.runtime.tracing import shapes_only, shapes_only_scope
 from fla_gen.runtime.validate import check_cu_seqlens_values
 from fla_gen.runtime.varlen import prepare_chunk_indices
 
 NAMESPACE = "fla_gen"
-
-_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("fla_gen_shapes_only", default=False)
-
-
-def shapes_only() -> bool:
-    """True while a fake implementation runs: host code must not read tensor values."""
-    return _SHAPES_ONLY.get()
-
-
-@contextlib.contextmanager
-def _shapes_only() -> Iterator[None]:
-    token = _SHAPES_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _SHAPES_ONLY.reset(token)
-
 
 def _no_launch(*args, **kwargs) -> None:
     return None
@@ -272,7 +255,7 @@ def define_op(name: str, spec_hash: str, namespace: dict, signature: OpSignature
     def in_twin(fn_name: str, *args):
         if not twin:
             twin.update(shape_twin(namespace))
-        with _shapes_only():
+        with shapes_only_scope():
             return twin[fn_name](*args)
 
     fwd = torch.library.custom_op(f"{NAMESPACE}::{name}", fwd_fn, mutates_args=(),

@@ -38,3 +38,15 @@ def test_sum_groups_without_groups_returns_the_partials():
 def test_sum_groups_refuses_what_it_cannot_add(partials, key_heads, named):
     with pytest.raises(ValueError, match=named):
         launch.sum_groups(partials, key_heads, torch.float32)
+
+
+def test_sum_groups_launches_nothing_while_tracing_shapes():
+    """Inside a fake implementation (torch.compile) the partials are fake tensors: the sum's shape and dtype come
+    back and no kernel runs (a launch would read a fake tensor's data pointer)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fla_gen.runtime.tracing import shapes_only_scope
+
+    with FakeTensorMode(), shapes_only_scope():
+        out = launch.sum_groups(torch.empty(1, 4, 4, 16), 2, torch.float16)
+    assert out.shape == (1, 4, 2, 16) and out.dtype == torch.float16
