@@ -1,5 +1,6 @@
 """Host-side arithmetic shared by the chunked launchers of every generated op: tile sizes, chunk
-counts and the tl.dot precision. Nothing here reads a tensor's values (no device sync)."""
+counts and the tl.dot precision; and the one runtime kernel they launch themselves, the group sum of
+grouped heads' dq and dk. Nothing here reads a tensor's values (no device sync)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Iterator
 
 import torch
 
-from fla_gen.runtime.group_sum import sum_groups  # noqa: F401  (re-exported: the launchers call launch.sum_groups)
+from fla_gen.runtime.group_sum import sum_groups_kernel
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, LaunchConfig, Plan
+from fla_gen.runtime.tracing import shapes_only
 
 
 # Plain-Python twins of triton.cdiv and triton.next_power_of_2: since Triton 3.6 those are
@@ -236,3 +238,30 @@ def group_partials(x: torch.Tensor, heads: int) -> torch.Tensor:
     HK, so that sum_groups adds unrounded partials, else x's dtype (no group: the buffer is the gradient)."""
     B, T, HK, K = x.shape
     return x.new_empty(B, T, heads, K, dtype=torch.float32 if heads != HK else x.dtype)
+
+
+# [rows, K] elements per program of the group sum: 16 KB of fp32 per partial read, a few thousand programs at
+# real sizes
+_GROUP_SUM_TILE_ELEMENTS = 4096
+
+
+def sum_groups(partials: torch.Tensor, key_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient [B, T, HK, K] of a key-side input, in ``dtype``, from its per-value-head partials
+    [B, T, H, K] (``group_partials``; contiguous, fp32 when H > HK): key head i serves the value heads
+    i * H // HK ... (i + 1) * H // HK - 1, so its gradient is their sum, one kernel (runtime/group_sum.py). The
+    partials themselves when H == HK (they were allocated in the input's dtype then)."""
+    B, T, H, K = partials.shape
+    if H == key_heads:
+        return partials
+    if H % key_heads:
+        raise ValueError(f"sum_groups: {H} value heads do not split into groups of the {key_heads} key heads")
+    if not partials.is_contiguous():
+        raise ValueError("sum_groups: the partials must be contiguous [B, T, H, K] (launch.group_partials)")
+    out = partials.new_empty(B, T, key_heads, K, dtype=dtype)
+    if shapes_only():  # a fake implementation (torch.compile): the shape is the answer, no kernel runs
+        return out
+    rows = B * T * key_heads
+    BK = whole_dim_tile(K)
+    BR = max(1, _GROUP_SUM_TILE_ELEMENTS // BK)
+    sum_groups_kernel[(cdiv(rows, BR),)](partials, out, rows, G=H // key_heads, K=K, BR=BR, BK=BK, num_warps=4)
+    return out

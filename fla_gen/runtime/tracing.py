@@ -1,6 +1,6 @@
 """Whether host code runs for shapes only: inside a generated op's fake implementation (torch.compile, export),
 where tensors carry no values and no kernel may launch. A leaf module, so that both the op registration
-(``torch_op``) and the runtime's own kernels (``group_sum``) can read it."""
+(``torch_op``) and the launchers of the runtime's own kernels (``launch.sum_groups``) can read it."""
 
 from __future__ import annotations
 
