@@ -137,6 +137,15 @@ def gla_fwd_h_kernel(
 
 
 @triton.jit
+def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.constexpr, K: tl.constexpr):
+    """[BK, BC] k_j exp(G_n - G_j) of the key tokens o_j (earlier than n, all in the chunk) on the channels o_k,
+    read transposed through the offsets, in k's dtype: every exponent <= 0."""
+    b_k = tl.load(k_c + o_j[None, :] * (KH * K) + o_k[:, None], mask=m_k[:, None], other=0.).to(tl.float32)
+    b_g = tl.load(g_c + o_j[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None], other=0.)
+    return (b_k * tl.exp(b_gn[:, None] - b_g)).to(k_c.dtype.element_ty)
+
+
+@triton.jit
 def gla_fwd_A_kernel(
     q, k, G, A, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
@@ -156,17 +165,21 @@ def gla_fwd_A_kernel(
     p_A = A + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT)
     # One pass over K for the whole row block, through this sub-chunk's first token n: the rows' factor
     # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
-    #   - off the diagonal, every earlier column j < n at once, as a [BK, BT] tile of k_j exp(G_n - G_j)
-    #     (<= 1; the columns j >= n are masked loads, so no memory is read for them);
+    #   - off the diagonal, one [BK, BC] tile of k_j exp(G_n - G_j) (<= 1) per earlier sub-chunk, each
+    #     making its own [BC, BC] block (at most BT / BC - 1 = 3, unrolled; only the i_i before the rows are
+    #     built). Against one [BK, BT] tile of every column, the later ones masked: 148 registers against 168
+    #     on sm90, the forward 0.607 -> 0.565 ms at 4x4096x16x128 (H200, bf16). Not for two row sets (KDA),
+    #     whose forward it slowed 0.869 -> 0.932 ms;
     #   - the diagonal BC x BC block, whose factor exp(G_n - G_j) is >= 1: it is kept only when the gates
     #     move little inside the sub-chunk (|G_x - G_n| <= DIAG_SPAN for all its tokens x, the host's
     #     launch.factor_span of the dtype), else (strong gates) rebuilt below entry by entry, one key
     #     token n + j at a time, with exponents G_i - G_j <= 0 only.
     # Against one K pass per earlier sub-chunk plus two for the diagonal, each reloading the rows: the forward
     # 0.745 -> 0.684 ms at 4x4096x16x128 (H100, bf16; experiment in git history at 0a80dc0).
-    o_j = tl.arange(0, BT)
-    m_j = o_j < i_n
-    b_Aoff = tl.zeros([BC, BT], dtype=tl.float32)
+    tl.static_assert(BT <= 4 * BC, "fwd_A unrolls at most 3 earlier sub-chunks")
+    b_A0 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A1 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A2 = tl.zeros([BC, BC], dtype=tl.float32)
     b_Ad = tl.zeros([BC, BC], dtype=tl.float32)
     b_span = tl.zeros([], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -174,27 +187,35 @@ def gla_fwd_A_kernel(
         m_k = o_k < K
         m_rk = m_r[:, None] & m_k[None, :]
         m_kr = m_k[:, None] & m_r[None, :]
-        m_kj = m_k[:, None] & m_j[None, :]
         o_x = o_r[:, None] * (H * K) + o_k[None, :]
         # k^T and G^T tiles, read transposed through the offsets
         o_xt = o_r[None, :] * (H * K) + o_k[:, None]
-        o_jt = o_j[None, :] * (H * K) + o_k[:, None]
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
         b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
         b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32)
         b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
-        b_kgt = (tl.load(k_c + o_jt, mask=m_kj, other=0.).to(tl.float32) *
-                 tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
-                 ).to(k.dtype.element_ty)
-        b_Aoff += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
+        if 0 < i_i:
+            b_kgt = _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_c, H, H, K)
+            b_A0 += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
+        if 1 < i_i:
+            b_kgt = _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, BC + o_c, H, H, K)
+            b_A1 += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
+        if 2 < i_i:
+            b_kgt = _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, 2 * BC + o_c, H, H, K)
+            b_A2 += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
         b_kdt = (tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
                  ).to(k.dtype.element_ty)
         b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
-    tl.store(p_A + o_j[None, :], b_Aoff.to(A.dtype.element_ty), mask=m_r[:, None] & m_j[None, :])
+    if 0 < i_i:
+        tl.store(p_A + o_c[None, :], b_A0.to(A.dtype.element_ty), mask=m_r[:, None])
+    if 1 < i_i:
+        tl.store(p_A + BC + o_c[None, :], b_A1.to(A.dtype.element_ty), mask=m_r[:, None])
+    if 2 < i_i:
+        tl.store(p_A + 2 * BC + o_c[None, :], b_A2.to(A.dtype.element_ty), mask=m_r[:, None])
     if b_span <= DIAG_SPAN:
         b_Ad = tl.where(o_c[:, None] >= o_c[None, :], b_Ad, 0.)
     else:
