@@ -144,11 +144,16 @@ SOURCES: dict[str, Source] = {
         "aot, and so fewer programs per "
         "SM), 4 warps, sweep_plans.py --stages fwd_A: 0.467 -> 0.326 ms at 4x4096x16x128, 0.380 -> 0.341 at "
         "2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64", _H100),
-    "h100-gla-fwd-a-warps": Source(
-        "the per-channel gated op's fwd_A on 2 warps at 1 stage against 4 (its dots have 16 rows, too few to "
-        "share among 4 warps): "
-        "0.326 -> 0.261 ms at 4x4096x16x128 (forward 0.754 -> 0.690), 0.341 -> 0.246 at 2x8192x8x256 (forward "
-        "0.954 -> 0.860); at head dim 64, 4 warps stay (0.216 against 0.224 ms at 8x2048x32x64)", _H100),
+    "h200-gla-fwd-a-tiles": Source(
+        "the per-channel gated op's fwd_A on its column blocks (one [BK, 16] tile per earlier sub-chunk), the real "
+        "op through plan overrides, forward without autograd, 3 alternating rounds in one process, H200, bf16, "
+        "outputs bit-identical: at head dim 128 the whole K in one tile on 2 warps, 0.566 -> 0.511 ms at "
+        "4x4096x16x128 (worst round 1.107; 0.720 -> 0.665 at 1x16384x16x128) against 64-wide K tiles (32-wide "
+        "0.581, 4 warps 0.643, whole K on 1 warp 0.624); at head dim 64 one warp, 0.448 -> 0.376 at 8x2048x32x64 "
+        "(1.188) against 4 (2 warps 0.405); at head dim 256 one warp, 0.743 -> 0.718 at 2x8192x8x256 (1.033; "
+        "128-wide K tiles on 2 warps 0.737, on 4 0.773). Its 16-row dots leave more warps little to share. With "
+        "one [BK, BT] tile of every column (before the column blocks) 2 warps had beaten 4 on the H100 at head dims "
+        "128 and 256, and 4 stayed at 64", _H100),
     "h100-walk-4-stages": Source(
         "the scalar- and channel-gate state walks at 4 stages (a fourth stage keeps one more chunk's loads in "
         "flight past a state held in registers; fla-core's autotune picks 4 for its own walk at head dim 256), "

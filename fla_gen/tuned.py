@@ -30,8 +30,9 @@ Key = tuple[str, str, str, int]
 TUNED: dict[str, dict[Key, Tuned]] = {
     "sm90": {
         ("chunk_channel_gate", "bwd_dv", "bf16", 128): Tuned(64, 128, 4, 2, "h100-gla-wide-v"),
-        ("chunk_channel_gate", "fwd_A", "bf16", 128): Tuned(64, 64, 2, 1, "h100-gla-fwd-a-warps"),
-        ("chunk_channel_gate", "fwd_A", "bf16", 256): Tuned(64, 64, 2, 1, "h100-gla-fwd-a-warps"),
+        ("chunk_channel_gate", "fwd_A", "bf16", 64): Tuned(64, 64, 1, 1, "h200-gla-fwd-a-tiles"),
+        ("chunk_channel_gate", "fwd_A", "bf16", 128): Tuned(128, 64, 2, 1, "h200-gla-fwd-a-tiles"),
+        ("chunk_channel_gate", "fwd_A", "bf16", 256): Tuned(64, 64, 1, 1, "h200-gla-fwd-a-tiles"),
         ("chunk_scalar_gate", "fwd_h", "bf16", 256): Tuned(64, 64, 4, 4, "h100-walk-4-stages"),
         ("chunk_scalar_gate", "bwd_dh", "bf16", 256): Tuned(64, 64, 4, 4, "h100-walk-4-stages"),
         ("chunk_channel_gate", "fwd_h", "bf16", 128): Tuned(64, 64, 8, 4, "h100-walk-4-stages"),

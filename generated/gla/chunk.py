@@ -167,9 +167,10 @@ def gla_fwd_A_kernel(
     # q_i exp(G_i - G_n) (exponent <= 0) is loaded and built once per K tile and meets two dots,
     #   - off the diagonal, one [BK, BC] tile of k_j exp(G_n - G_j) (<= 1) per earlier sub-chunk, each
     #     making its own [BC, BC] block (at most BT / BC - 1 = 3, unrolled; only the i_i before the rows are
-    #     built). Against one [BK, BT] tile of every column, the later ones masked: 148 registers against 168
-    #     on sm90, the forward 0.607 -> 0.565 ms at 4x4096x16x128 (H200, bf16). Not for two row sets (KDA),
-    #     whose forward it slowed 0.869 -> 0.932 ms;
+    #     built). Against one [BK, BT] tile of every column, the later ones masked, at 64-wide K tiles: 148
+    #     registers against 168 on sm90, the forward 0.607 -> 0.565 ms at 4x4096x16x128 (H200, bf16); the
+    #     plan then took the whole K on 2 warps (0.511 ms). Not for two row sets (KDA), whose forward it
+    #     slowed 0.869 -> 0.932 ms;
     #   - the diagonal BC x BC block, whose factor exp(G_n - G_j) is >= 1: it is kept only when the gates
     #     move little inside the sub-chunk (|G_x - G_n| <= DIAG_SPAN for all its tokens x, the host's
     #     launch.factor_span of the dtype), else (strong gates) rebuilt below entry by entry, one key

@@ -154,6 +154,18 @@ CHUNK_PLANS = {
         ("bwd_dqkg", LaunchConfig(32, 64, 4, 1, source="tiles,aot-dqkg-bk32")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
+    ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
+        ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
+        ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-gla")),
+        ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
+        ("bwd_dv", LaunchConfig(64, 64, 4, 2, source="tiles,aot-channel-stages")),
+        ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
+        ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
+    )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
@@ -181,7 +193,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
-        ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
+        ("fwd_A", LaunchConfig(64, 64, 1, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-gla")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -193,7 +205,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages,split-walk,h100-split-walk")),
-        ("fwd_A", LaunchConfig(64, 64, 2, 1, source="h100-gla-fwd-a-warps")),
+        ("fwd_A", LaunchConfig(128, 64, 2, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 128, 4, 3, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
         ("bwd_dh", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages")),
@@ -205,7 +217,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages,split-walk,h100-split-walk")),
-        ("fwd_A", LaunchConfig(64, 64, 2, 1, source="h100-gla-fwd-a-warps")),
+        ("fwd_A", LaunchConfig(64, 64, 1, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
         ("bwd_dh", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages")),
@@ -310,6 +322,7 @@ CHUNK_PLANS.update(same_arch_plans_as(CHUNK_PLANS, "sm80", "sm100", unless=(
 )))
 # fp16 rows: the bf16 rows but for the dtype (same element size), except at these (arch, head dim).
 CHUNK_PLANS.update(same_plans_as(CHUNK_PLANS, "bf16", "fp16", unless=(
+    ("sm90", 64),
     ("sm90", 128),
     ("sm90", 256),
 )))
