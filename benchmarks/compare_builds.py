@@ -5,6 +5,8 @@
     python benchmarks/compare_builds.py --before /tmp/before --ops gla,rwkv7 --shapes 4x4096x16x128
     python benchmarks/compare_builds.py --before /tmp/before --ops gated_delta_rule --shapes 4x4096x16x128x32 \
         --after-override '{"fwd_wu": {"num_warps": 2}}'    # Qwen3-Next's grouped call, a plan variant after
+    python benchmarks/compare_builds.py --variants '{"fwd_solve": {"num_warps": 2}}' '{"fwd_wu": {"num_stages": 2}}' \
+        --ops gated_delta_rule --shapes 4x4096x16x128x32     # plan variants of this build, in one process
 
 Each build runs in its own process (its own fla_gen, generated packages and plans, so a change anywhere is
 compared), ``--rounds`` times each, alternating before, after, before, after: a GPU that runs faster or slower
@@ -14,6 +16,11 @@ in fp32, unit-norm keys, beta sigmoid(randn), RWKV-7-style a = -k̂, b = η k̂)
 warm-up call. The table gives each side's median over its rounds and the worst pair: min over rounds of
 before / after (below 1: the change is slower in at least one round). A shape's optional fifth field is the
 number of value heads HV (grouped heads: v, the gates and beta of the ops that declare them get HV heads).
+
+``--variants`` compares plan overrides of this one build instead, all in one process (one compile each, so a
+variant costs seconds rather than a process per round): per op and shape, rounds of the plan's own launch
+configs, then each variant, ..., the same timings and the worst pair, default / variant. Each variant's output
+is checked against the plan's (relative norm error of the forward's output, printed).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"  # fla_gen.runtime.dispatch reads it; eac
 OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dplr", "rwkv7")
 
 
-def _inputs(pkg, shape, seed: int):
+def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16"):
     """The package's chunk-op tensors for shape (B, T, H, D) or (B, T, H, D, HV), in its INPUTS order
     (bf16, gates fp32); layouts with G (grouped value heads) get HV heads."""
     import torch
@@ -42,10 +49,10 @@ def _inputs(pkg, shape, seed: int):
     HV = shape[4] if len(shape) == 5 else H
     if HV != H and not any("G" in layout for _n, layout, _r, _o in pkg.INPUTS):
         raise ValueError(f"{pkg.__name__} has no grouped value heads: shape {shape} asks for HV={HV} != H={H}")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*s):
-        return torch.randn(*s, device="cuda", generator=gen)
+        return torch.randn(*s, device=device, generator=gen)
 
     out, direction = [], F.normalize(randn(B, T, H, D), dim=-1)
     for _name, layout, role, optional in pkg.INPUTS:
@@ -56,7 +63,7 @@ def _inputs(pkg, shape, seed: int):
         heads = HV if "G" in layout else H
         size = (B, T, heads) + ((D,) if layout.endswith(("K", "V")) else ()) if per_token else (heads,)
         if role == "gate":
-            x = F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device="cuda")
+            x = F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device=device)
         elif role == "rank1_read":
             x = -direction
         elif role == "rank1_write":
@@ -67,7 +74,7 @@ def _inputs(pkg, shape, seed: int):
             x = randn(*size)
         else:
             x = torch.sigmoid(randn(*size))
-        out.append((x.float() if role == "gate" else x.bfloat16()).requires_grad_(True))
+        out.append((x.float() if role == "gate" else x.to(getattr(torch, dtype))).requires_grad_(True))
     return out
 
 
@@ -108,9 +115,62 @@ def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) ->
     return out
 
 
+def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[dict], rounds: int,
+                  seed: int, device: str = "cuda", dtype: str = "bfloat16", do_bench=None) -> list[str]:
+    """The plan's own configs against each override in ``variants``, alternating over ``rounds`` in this process:
+    the table's lines (per op, shape and variant: forward and forward+backward medians, worst plan/variant).
+    ``device``, ``dtype`` and ``do_bench`` (triton.testing's by default) let a test run it in Triton's
+    interpreter."""
+    import contextlib
+    import importlib
+
+    import torch
+
+    from fla_gen.runtime.dispatch import overridden_plans
+
+    if do_bench is None:
+        from triton.testing import do_bench
+
+    overrides = [None, *variants]
+
+    def plan_of(override):
+        return contextlib.nullcontext() if override is None else overridden_plans(override)
+
+    lines = ["| op | shape | variant | error vs plan | fwd ms | worst plan/variant | f+b ms | worst plan/variant |",
+             "|---|---|---|---|---|---|---|---|"]
+    for op in ops:
+        pkg = importlib.import_module(f"generated.{op}")
+        fn = getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
+        for shape in shapes:
+            args = _inputs(pkg, shape, seed, device, dtype)
+            outputs = []
+            for v in overrides:
+                with plan_of(v), torch.no_grad():
+                    outputs.append(fn(*args)[0].float())
+            errors = [((o - outputs[0]).norm() / outputs[0].norm()).item() for o in outputs]
+            times = []
+            for _ in range(rounds):
+                times.append([])
+                for v in overrides:
+                    with plan_of(v):
+                        times[-1].append(_time_call(fn, args, do_bench))
+            for i, v in enumerate(overrides):
+                cells = []
+                for m in (0, 1):
+                    mine = [times[r][i][m] for r in range(rounds)]
+                    worst = min(times[r][0][m] / times[r][i][m] for r in range(rounds))
+                    cells += [f"{statistics.median(mine):.3f}", f"{worst:.3f}"]
+                name = "the plan" if v is None else json.dumps(v, separators=(",", ":"))
+                lines.append(f"| {op} | {'x'.join(map(str, shape))} | {name} | {errors[i]:.1e} | " + " | ".join(cells)
+                             + " |")
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", type=Path, required=True, help="a source checkout of the build to compare with")
+    p.add_argument("--before", type=Path, help="a source checkout of the build to compare with")
     p.add_argument("--after", type=Path, default=ROOT, help="the other checkout (default: this one)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated packages (default: {','.join(OPS)})")
     p.add_argument("--shapes", default="4x4096x16x128",
@@ -121,6 +181,9 @@ def main() -> int:
         p.add_argument(f"--{side}-override", metavar="JSON",
                        help=f"a plan override for the {side} side only ({OVERRIDE_ENV}'s JSON, e.g. "
                             "'{\"fwd_o\": {\"num_warps\": 8}}'): a plan variant against a build")
+    p.add_argument("--variants", nargs="+", metavar="JSON",
+                   help="plan overrides of this build to time against its own plan, in one process, instead of "
+                        "two builds (e.g. '{\"fwd_solve\": {\"num_warps\": 2}}'); --rounds: alternations")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     ops = [o for o in a.ops.split(",") if o]
@@ -131,6 +194,24 @@ def main() -> int:
     for shape in shapes:
         if len(shape) not in (4, 5):
             p.error(f"--shapes: {'x'.join(map(str, shape))} is not BxTxHxD or BxTxHxDxHV")
+    if a.variants:
+        if a.before or a.before_override or a.after_override:
+            p.error("--variants times this build's plan variants: it takes no --before or --*-override")
+        sys.path.insert(0, str(a.after.resolve()))
+        from fla_gen.runtime.dispatch import parse_plan_override
+
+        variants = []
+        for text in a.variants:
+            try:
+                variants.append(parse_plan_override(json.loads(text)))
+            except json.JSONDecodeError as e:
+                p.error(f"--variants: {text!r} is not JSON ({e})")
+            except ValueError as e:
+                p.error(f"--variants: {e}")
+        print("\n".join(time_variants(ops, shapes, variants, a.rounds, a.seed)))
+        return 0
+    if a.before is None:
+        p.error("--before is required (or --variants)")
     sides = {"before": a.before.resolve(), "after": a.after.resolve()}
     overrides = {"before": a.before_override, "after": a.after_override}
     results: dict[str, list[dict]] = {side: [] for side in sides}

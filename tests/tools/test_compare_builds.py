@@ -1,0 +1,48 @@
+"""benchmarks/compare_builds.py without a GPU: its arguments are checked before any CUDA call, and its in-process
+plan-variant mode (``--variants``) runs the real op in Triton's interpreter with a stand-in timer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.interpreter import switch_on
+from tests.support import assert_usage_error_before_cuda
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPT = BENCHMARKS / "compare_builds.py"
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    ([], "--before is required"),
+    (["--variants", "nope"], "--variants: 'nope' is not JSON"),
+    (["--variants", '{"fwd_o": {"warps": 8}}'], "--variants: plan override of kernel 'fwd_o': unknown field"),
+    (["--variants", '{"fwd_o": {"num_warps": 8}}', "--before", "."], "--variants times this build's plan variants"),
+    (["--before", ".", "--shapes", "4x4096x16"], "--shapes"),
+])
+def test_bad_arguments_are_usage_errors(args, named):
+    assert_usage_error_before_cuda(SCRIPT, args, named)
+
+
+def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch):
+    """linear_attn at 1x64x2x64, fp32 on the CPU: the plan and one variant (fwd_fused on 8 warps, which the
+    interpreter ignores: the same output). The stand-in timer runs each timed call once and reports 1 ms under the
+    plan, 2 ms under a variant, so the table must show worst plan/variant 1.000 and 0.500."""
+    switch_on()
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_builds
+
+    from fla_gen.runtime.dispatch import active_plan_override
+
+    def fake_bench(fn, **_kw):
+        fn()
+        return 1.0 if active_plan_override() is None else 2.0
+
+    lines = compare_builds.time_variants(["linear_attn"], [(1, 64, 2, 64)], [{"fwd_fused": {"num_warps": 8}}],
+                                         rounds=2, seed=0, device="cpu", dtype="float32", do_bench=fake_bench)
+    assert len(lines) == 4, lines
+    plan_row, variant_row = lines[2].split(" | "), lines[3].split(" | ")
+    assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "1.000", "1.000 |"], lines
+    assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "2.000", "0.500 |"], lines
+    assert active_plan_override() is None
