@@ -19,7 +19,7 @@ number of value heads HV (grouped heads: v, the gates and beta of the ops that d
 
 ``--variants`` compares plan overrides of this one build instead, all in one process (one compile each, so a
 variant costs seconds rather than a process per round): per op and shape, rounds of the plan's own launch
-configs, then each variant, ..., the same timings and the worst pair, default / variant. Each variant's output
+configs, then each variant, ..., the same timings and the worst pair, plan / variant. Each variant's output
 is checked against the plan's (relative norm error of the forward's output, printed).
 """
 
@@ -41,7 +41,7 @@ OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dp
 
 def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16"):
     """The package's chunk-op tensors for shape (B, T, H, D) or (B, T, H, D, HV), in its INPUTS order
-    (bf16, gates fp32); layouts with G (grouped value heads) get HV heads."""
+    (``dtype``, gates fp32); layouts with G (grouped value heads) get HV heads."""
     import torch
     import torch.nn.functional as F
 
