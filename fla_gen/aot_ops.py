@@ -9,7 +9,9 @@ instead of run, and each captured specialization is compiled with ``triton.compi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +20,7 @@ from fla_gen.aot import CompiledKernelReport, capture_launches, check_report, co
 from fla_gen.canonical import Recurrence
 from fla_gen.lower import lower
 from fla_gen.plan import ARCHS
-from fla_gen.runtime.dispatch import forced_arch
+from fla_gen.runtime.dispatch import forced_arch, overridden_plans
 from fla_gen.runtime.launch import forced_sm_count
 from fla_gen.runtime.segments import forced_segment_chunks
 from fla_gen.sample import sample_inputs
@@ -81,18 +83,45 @@ def _call_op(pkg, rec: Recurrence, mode: str, dtype: torch.dtype, varlen: bool, 
         torch.autograd.grad((o.float().sum() + ht.sum()), leaves, allow_unused=True)
 
 
+def _call_overridden(override: dict, *args, **kwargs) -> None:
+    """_call_op under ``override`` (empty: the plans as they are)."""
+    with overridden_plans(override) if override else contextlib.nullcontext():
+        _call_op(*args, **kwargs)
+
+
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
+def split_override(tables, override: Mapping[str, Mapping[str, int]] | None) -> dict[str, dict]:
+    """A plan override ({stage: {field: value}}) split by the op's algorithm: {"chunk": ..., "fused_recurrent":
+    ...}, each holding the entries whose kernel the plans of that algorithm have, so that one override can name
+    chunk kernels without the decode op refusing it. ValueError naming the kernels that no plan of the op has."""
+    if not override:
+        return {"chunk": {}, "fused_recurrent": {}}
+    stages = {mode: {s for t in names if hasattr(tables, t) for plan in getattr(tables, t).values()
+                     for s, _ in plan.kernels}
+              for mode, names in (("chunk", ("CHUNK_PLANS", "BOUNDED_CHUNK_PLANS")),
+                                  ("fused_recurrent", ("RECURRENT_PLANS",)))}
+    unknown = sorted(set(override) - stages["chunk"] - stages["fused_recurrent"])
+    if unknown:
+        raise ValueError(f"plan override names kernel(s) {unknown} that no plan of this op has; chunk: "
+                         f"{sorted(stages['chunk'])}, fused_recurrent: {sorted(stages['fused_recurrent'])}")
+    return {mode: {k: dict(v) for k, v in override.items() if k in names} for mode, names in stages.items()}
+
+
 def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtype = torch.bfloat16,
-                      head_dims=(128,), varlen_caps=(89, 90), jobs: int = 2) -> list[MatrixEntry]:
+                      head_dims=(128,), varlen_caps=(89, 90), jobs: int = 2,
+                      override: Mapping[str, Mapping[str, int]] | None = None) -> list[MatrixEntry]:
     """Compile all kernels of ``generated.<op>`` for each cap and head dim (K = V), each with that
     target's plan. The first head dim gets the full matrix (dense, varlen on ``varlen_caps``, the
     bounded-gate plans); the others dense calls only, on the targets whose plan tables have a row
     for them (a call that needs a missing row is refused on the host, so it has nothing to compile).
-    Variants of the other head dims are named ``dense_k<dim>``."""
+    Variants of the other head dims are named ``dense_k<dim>``. ``override``: a plan override (checked
+    with fla_gen.runtime.dispatch.parse_plan_override) applied to the plans that have its kernels: what a
+    launch config would cost in registers and spills before a GPU times it."""
     pkg = importlib.import_module(f"generated.{rec.spec.package}")
     tables = importlib.import_module(f"generated.{rec.spec.package}.plans")
+    overrides = split_override(tables, override)
     dtype_name = _DTYPE_NAMES[dtype]
     entries = []
     for i, head_dim in enumerate(head_dims):
@@ -111,7 +140,8 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                                                                       (SM_COUNT_OF_CAP[cap], 1)):
                     with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms), forced_segment_chunks(segment_chunks):
                         launches += capture_launches(lambda v=varlen, d=head_dim: [
-                            _call_op(pkg, rec, mode, dtype, v, d, d) for mode in ("chunk", "fused_recurrent")
+                            _call_overridden(overrides[mode], pkg, rec, mode, dtype, v, d, d)
+                            for mode in ("chunk", "fused_recurrent")
                         ])
                 launches = dedupe_launches(launches)
                 variant = ("varlen" if varlen else "dense") + suffix
@@ -124,8 +154,8 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                 continue
             varlen = bool(varlen_caps) and cap == varlen_caps[-1]
             with forced_arch(ARCH_OF_CAP[cap]):
-                launches = capture_launches(lambda v=varlen, d=head_dim: _call_op(pkg, rec, "chunk", dtype, v, d, d,
-                                                                                   bounded=True))
+                launches = capture_launches(lambda v=varlen, d=head_dim: _call_overridden(
+                    overrides["chunk"], pkg, rec, "chunk", dtype, v, d, d, bounded=True))
             for report in compile_all(launches, [cap], jobs=jobs):
                 entries.append(MatrixEntry(rec.spec.op, "bounded_varlen" if varlen else "bounded", report,
                                            tuple(check_report(report))))

@@ -360,6 +360,16 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     except (ValueError, argparse.ArgumentTypeError):
         raise UsageError(f"--arch {args.arch!r} --head-dims {args.head_dims!r}: expected e.g. "
                          f"--arch sm80,sm90 --head-dims 64,128") from None
+    override = None
+    if args.override:
+        from fla_gen.runtime.dispatch import parse_plan_override
+
+        try:
+            override = parse_plan_override(json.loads(args.override))
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--override {args.override!r} is not JSON ({e})") from None
+        except ValueError as e:
+            raise UsageError(f"--override: {e}") from None
     root = source_checkout()
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -368,7 +378,13 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     rows, bad = [], 0
     for spec in specs:
         rec, _ = compile_spec(spec)
-        for entry in compile_op_matrix(rec, caps=caps, head_dims=head_dims, jobs=args.jobs):
+        try:
+            entries = compile_op_matrix(rec, caps=caps, head_dims=head_dims, jobs=args.jobs, override=override)
+        except ValueError as e:
+            if override is None:
+                raise
+            raise UsageError(f"--override for {rec.spec.op}: {e}") from None
+        for entry in entries:
             r = entry.report
             status = "ok" if not entry.problems else "; ".join(entry.problems)
             bad += bool(entry.problems)
@@ -465,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "the others dense calls on the targets with a plan for them (default 128)")
     aot.add_argument("--jobs", type=_positive_int, default=2, help="parallel compiles (default 2)")
     aot.add_argument("--json", metavar="FILE", help="write the reports as JSON")
+    aot.add_argument("--override", metavar="JSON",
+                     help="a plan override to compile instead of the plans' own configs, {kernel: {field: value}} "
+                          "with fields block_k, block_v, num_warps, num_stages (FLA_GEN_PLAN_OVERRIDE's form; "
+                          "each entry applies to the op's plans that have that kernel), e.g. "
+                          "'{\"fwd_A\": {\"block_k\": 128}}': its registers and spills before a GPU times it")
     aot.set_defaults(func=_cmd_aot)
     return parser
 

@@ -84,6 +84,10 @@ def test_spec_errors_and_usage_errors_in_one_build(files, capsys):
 @pytest.mark.parametrize("argv, status, words", [
     (["aot", "--arch", "smXY", GLA], 3, "expected e.g. --arch sm80,sm90"),
     (["aot"], 3, "name one or more spec files"),
+    (["aot", "--arch", "sm80", "--override", "x", GLA], 3, "--override 'x' is not JSON"),
+    (["aot", "--arch", "sm80", "--override", '{{"fwd_A": {{"warps": 2}}}}', GLA], 3, "unknown field 'warps'"),
+    (["aot", "--arch", "sm80", "--override", '{{"fwd_slove": {{"num_warps": 2}}}}', GLA], 3,
+     "names kernel(s) ['fwd_slove'] that no plan of this op has"),
     (["build", "{tmp}/nope.fla"], 3, "no such spec file"),
     (["plan", "{tmp}"], 3, "is a directory"),
     (["build", GLA, "-o", "{file}"], 3, "is not a directory"),
