@@ -94,11 +94,14 @@ def grads_of(fn, leaves: dict, keywords: tuple, **kwargs):
 
 
 def assert_gradients_match_reference(fn, ref_fn, x: dict, keywords: tuple = (), tolerance: tuple | None = None,
-                                     **kwargs) -> None:
+                                     **kwargs) -> tuple[dict, dict]:
     """``fn`` (fp32, outputs poisoned first) against its float64 reference ``ref_fn`` on inputs ``x`` (the
     positional ones in order, the names in ``keywords`` passed by keyword, ``initial_state`` [N, HV, K, V]):
     o, the final state and the gradient of every input, by relative norm error, within ``tolerance`` (forward,
-    gradients; default the fp32 ``TOLERANCE``). ``kwargs`` go to both (flags, cu_seqlens)."""
+    gradients; default the fp32 ``TOLERANCE``). ``kwargs`` go to both (flags, cu_seqlens). A gradient that is
+    zero in the reference must be zero in ``fn`` too (its relative error divides by 1e-30).
+
+    Returns: the gradients {name: tensor} of ``fn`` and of ``ref_fn``, for checks of their own."""
     with poisoned_allocations():
         o, ht, grads = grads_of(fn, {n: t.clone().requires_grad_(True) for n, t in x.items()}, keywords, **kwargs)
     o_r, ht_r, grads_r = grads_of(ref_fn, {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords,
@@ -108,6 +111,7 @@ def assert_gradients_match_reference(fn, ref_fn, x: dict, keywords: tuple = (), 
     assert all(e <= tol_fwd for e in errors.values()), errors
     errors = {f"d{n}": relative_error(grads[n], grads_r[n]) for n in x}
     assert all(e <= tol_grad for e in errors.values()), errors
+    return grads, grads_r
 
 
 @contextlib.contextmanager

@@ -15,7 +15,12 @@ import torch.nn.functional as F
 
 from fla_gen.sample import relative_error
 from fla_gen.verify import TOLERANCE, compare_with_reference
-from tests.support import assert_gradients_match_reference, generated, grads_of, poisoned_allocations
+from tests.support import (
+    assert_gradients_match_reference,
+    built_package,
+    generated,
+    poisoned_allocations,
+)
 
 OP = "gated_delta_rule"
 B, T, H, K, V = 2, 24, 2, 16, 16
@@ -235,51 +240,26 @@ def test_guards_of_another_family_match_reference(tmp_path, rotate, gate):
     """A gated (no rank-1) spec: a guarded rope ahead of an unguarded l2norm (which the backward kernel moves
     ahead of the rope), a per-head input read under a guard that is on by default and one outside it: every
     input's gradient against the derived reference, with cu_seqlens and rope offsets."""
-    import importlib
-    import sys
-
-    from fla_gen.canonical import canonicalize
-    from fla_gen.check import check_spec
-    from fla_gen.emit import emit_package
-    from fla_gen.parse import parse_spec
-    from fla_gen.write import write_files
-
-    rec = canonicalize(check_spec(parse_spec(GUARDED_ROPE, "guarded_rope.fla")))
-    write_files(emit_package(rec), tmp_path)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        pkg = importlib.import_module("guarded_rope")
-        gen = torch.Generator().manual_seed(11)
-        Tn, Hn, Kn, Vn = 21, 2, 16, 8
-        x = {"q": torch.randn(1, Tn, Hn, Kn, generator=gen), "k": torch.randn(1, Tn, Hn, Kn, generator=gen),
-             "v": torch.randn(1, Tn, Hn, Vn, generator=gen), "g": torch.randn(1, Tn, Hn, Kn, generator=gen),
-             "w": torch.empty(Hn).uniform_(-3.0, 0.0, generator=gen)}
-        if not gate:
-            x["g"] = F.logsigmoid(x["g"])
-        keywords = ()
-        if gate:
-            x["bias"] = torch.randn(Hn, generator=gen)
-            keywords = ("bias",)
-        x["initial_state"] = torch.randn(2, Hn, Kn, Vn, generator=gen)
-        kw = {"cu_seqlens": torch.tensor([0, 9, 21], dtype=torch.int32), "seqlen_offsets": torch.tensor([3, 30]),
-              "rotate": rotate, "gate": gate}
+    gen = torch.Generator().manual_seed(11)
+    Tn, Hn, Kn, Vn = 21, 2, 16, 8
+    x = {"q": torch.randn(1, Tn, Hn, Kn, generator=gen), "k": torch.randn(1, Tn, Hn, Kn, generator=gen),
+         "v": torch.randn(1, Tn, Hn, Vn, generator=gen), "g": torch.randn(1, Tn, Hn, Kn, generator=gen),
+         "w": torch.empty(Hn).uniform_(-3.0, 0.0, generator=gen)}
+    if not gate:
+        x["g"] = F.logsigmoid(x["g"])
+    keywords = ()
+    if gate:
+        x["bias"] = torch.randn(Hn, generator=gen)
+        keywords = ("bias",)
+    x["initial_state"] = torch.randn(2, Hn, Kn, Vn, generator=gen)
+    kw = {"cu_seqlens": torch.tensor([0, 9, 21], dtype=torch.int32), "seqlen_offsets": torch.tensor([3, 30]),
+          "rotate": rotate, "gate": gate}
+    with built_package(GUARDED_ROPE, tmp_path, "guarded_rope") as (_, pkg):
         for mode in ("chunk", "fused_recurrent"):
-            with poisoned_allocations():
-                o, ht, grads = grads_of(getattr(pkg, f"{mode}_guarded_rope"),
-                                        {n: t.clone().requires_grad_(True) for n, t in x.items()}, keywords, **kw)
-            o_r, ht_r, grads_r = grads_of(pkg.guarded_rope_reference,
-                                          {n: t.double().requires_grad_(True) for n, t in x.items()}, keywords, **kw)
-            errors = {"o": relative_error(o, o_r), "final_state": relative_error(ht, ht_r)}
-            errors.update({f"d{n}": relative_error(grads[n], grads_r[n]) for n in x if grads_r[n].any()})
-            tol_fwd, tol_grad = TOLERANCE[torch.float32]
-            assert all(e <= (tol_fwd if n in ("o", "final_state") else tol_grad) for n, e in errors.items()), (
-                mode, errors)
+            grads, grads_r = assert_gradients_match_reference(getattr(pkg, f"{mode}_guarded_rope"),
+                                                              pkg.guarded_rope_reference, x, keywords, **kw)
             if not gate:  # w is read only by the switched-off gate line
-                assert not grads["w"].any() and not grads_r["w"].any()
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m.startswith("guarded_rope")]:
-            del sys.modules[name]
+                assert not grads["w"].any() and not grads_r["w"].any(), mode
 
 
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
