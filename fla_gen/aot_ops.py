@@ -92,10 +92,15 @@ def _call_overridden(override: dict, *args, **kwargs) -> None:
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
+class UnknownOverrideKernel(ValueError):
+    """A plan override names a kernel that no plan of the op has."""
+
+
 def split_override(tables, override: Mapping[str, Mapping[str, int]] | None) -> dict[str, dict]:
     """A plan override ({stage: {field: value}}) split by the op's algorithm: {"chunk": ..., "fused_recurrent":
     ...}, each holding the entries whose kernel the plans of that algorithm have, so that one override can name
-    chunk kernels without the decode op refusing it. ValueError naming the kernels that no plan of the op has."""
+    chunk kernels without the decode op refusing it. UnknownOverrideKernel names the kernels that no plan of the
+    op has."""
     if not override:
         return {"chunk": {}, "fused_recurrent": {}}
     stages = {mode: {s for t in names if hasattr(tables, t) for plan in getattr(tables, t).values()
@@ -104,7 +109,7 @@ def split_override(tables, override: Mapping[str, Mapping[str, int]] | None) -> 
                                   ("fused_recurrent", ("RECURRENT_PLANS",)))}
     unknown = sorted(set(override) - stages["chunk"] - stages["fused_recurrent"])
     if unknown:
-        raise ValueError(f"plan override names kernel(s) {unknown} that no plan of this op has; chunk: "
+        raise UnknownOverrideKernel(f"plan override names kernel(s) {unknown} that no plan of this op has; chunk: "
                          f"{sorted(stages['chunk'])}, fused_recurrent: {sorted(stages['fused_recurrent'])}")
     return {mode: {k: dict(v) for k, v in override.items() if k in names} for mode, names in stages.items()}
 

@@ -373,16 +373,14 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     root = source_checkout()
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from fla_gen.aot_ops import compile_op_matrix
+    from fla_gen.aot_ops import UnknownOverrideKernel, compile_op_matrix
 
     rows, bad = [], 0
     for spec in specs:
         rec, _ = compile_spec(spec)
         try:
             entries = compile_op_matrix(rec, caps=caps, head_dims=head_dims, jobs=args.jobs, override=override)
-        except ValueError as e:
-            if override is None:
-                raise
+        except UnknownOverrideKernel as e:
             raise UsageError(f"--override for {rec.spec.op}: {e}") from None
         for entry in entries:
             r = entry.report
