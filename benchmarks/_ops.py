@@ -119,18 +119,30 @@ def seed_for(seed: int, *parts) -> int:
     return h
 
 
+def has_value_heads(op: OpSpec) -> bool:
+    """Whether our generated op takes grouped value heads (v, the gates and beta on HV heads, a multiple of q and
+    k's H): its package's INPUTS have a layout on G."""
+    pkg = importlib.import_module(f"generated.{(op.packages or (op.name,))[0]}")
+    return any("G" in layout for _name, layout, _role, _optional in pkg.INPUTS)
+
+
 def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = False,
-                gate_dtype=None, requires_grad: bool = True, gate_scale: float = 1.0):
+                gate_dtype=None, requires_grad: bool = True, gate_scale: float = 1.0, value_heads: int | None = None):
     """Fresh random inputs, identical in every process for the same seed and device.
 
     ``gate_scale`` multiplies every per-token log gate (g, gk, w): e.g. 100 makes a 16-token chunk's
     gates move by hundreds, which sends the DPLR kernels down their entry-wise path (a timing A/B of
-    the same kernels on the same shapes).
+    the same kernels on the same shapes). ``value_heads``: HV for an op with grouped value heads (v, g and
+    beta on HV heads, q and k on the shape's H; Qwen3-Next: H = 16, HV = 32); None: H.
 
     Returns (names, args, kwargs): positional tensors in fla's order and keyword tensors
     (``g_gamma`` for simple_gla with --g-gamma). Tensors that take gradients are leaves.
     """
     B, T, H, K, V = shape
+    HV = value_heads or H
+    if HV != H and (HV % H or not has_value_heads(op)):
+        raise ValueError(f"{op.name}: {HV} value heads for {H} query/key heads: "
+                         + ("not a multiple" if HV % H else "the op has no grouped value heads"))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed % (2**63))
     gate_dtype = gate_dtype or dtype
@@ -148,14 +160,14 @@ def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = Fal
             x = randn(B, T, H, K)
             tensors[n] = F.normalize(x, p=2, dim=-1) if op.name in DELTA_FAMILY else x
         elif n == "v":
-            tensors[n] = randn(B, T, H, V)
+            tensors[n] = randn(B, T, HV, V)
         elif n == "g":
             if op.name == "simple_gla" and g_gamma:
                 continue
-            gshape = (B, T, H, K) if op.name in ("gla", "kda") else (B, T, H)
+            gshape = (B, T, HV, K) if op.name in ("gla", "kda") else (B, T, HV)
             tensors[n] = (gate_scale * F.logsigmoid(randn(*gshape)) / GATE_TEMPERATURE).to(gate_dtype)
         elif n == "beta":
-            tensors[n] = torch.sigmoid(randn(B, T, H))
+            tensors[n] = torch.sigmoid(randn(B, T, HV))
         elif n in ("gk", "w"):
             tensors[n] = (-gate_scale * math.exp(-0.5) * torch.sigmoid(randn(B, T, H, K))).to(gate_dtype)
         elif n == "a":

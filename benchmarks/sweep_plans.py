@@ -6,6 +6,7 @@
     python benchmarks/sweep_plans.py --propose sweep.json   # fla_gen/measurements.py entries for the wins
     python benchmarks/sweep_plans.py --render sweep.json    # re-print a saved sweep's table
     python benchmarks/sweep_plans.py --fake                 # CPU: the real ops in Triton's interpreter
+    python benchmarks/sweep_plans.py --ops gated_delta_rule --value-heads 32 --stages fwd_solve,fwd_wu  # Qwen3-Next
 
 Per (op, shape) one worker process selects the op's build-time plan, runs the default plan once
 (outputs kept as the check), then per kernel (``stage``) tries variants through
@@ -232,10 +233,11 @@ def worker(spec: dict) -> int:
         return 0
     arch = arch_of(torch.device(device))
     seed = _ops.seed_for(spec["seed"], op.name, spec["shape"])
-    names, args, kwargs = _ops.make_inputs(op, tuple(spec["shape_t"]), dtype, device, seed)
+    HV = spec.get("value_heads") or H
+    names, args, kwargs = _ops.make_inputs(op, tuple(spec["shape_t"]), dtype, device, seed, value_heads=HV)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 1)
-    do = torch.randn(B, T, H, V, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    do = torch.randn(B, T, HV, V, generator=gen, device=device, dtype=torch.float32).to(dtype)
     scale = _ops.scale_for(op, K)
 
     def fwd():
@@ -263,6 +265,7 @@ def worker(spec: dict) -> int:
     kernel_prefix = pkg.split(".")[-1]
     module = sys.modules[fn.__module__]
     log(event="plan", package=kernel_prefix, arch=arch, chunk_size=plan.chunk_size,
+        inputs={n: list(t.shape) for n, t in zip(names, args, strict=True)},
         kernels={s: {f: getattr(c, f) for f in FIELDS} | {"reason": c.reason} for s, c in plan.kernels})
     stages = spec["stages"] or [s for s, _ in plan.kernels if s != "cumsum"]
     skip = set(spec.get("skip", []))  # "stage:variant" done by an earlier worker of this (op, shape)
@@ -437,6 +440,7 @@ def run(args) -> dict:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed, "device": device, "dtype": dtype,
         "fake": args.fake, "quick": args.quick, "tol": args.tol, "budget_s": args.budget_s,
+        "value_heads": args.value_heads,
         "workdir": str(workdir), "versions": _ops.versions(), "workers": {}, "rows": [], "notes": [],
     }
     state = {"proc": None}
@@ -475,7 +479,8 @@ def run(args) -> dict:
                 if time.time() > task_deadline - args.min_left_s:
                     info["ended"].append("budget")
                     break
-                spec = {"op": op, "shape": sstr, "shape_t": list(shape), "seed": seed, "device": device,
+                spec = {"op": op, "shape": sstr, "shape_t": list(shape), "value_heads": args.value_heads,
+                        "seed": seed, "device": device,
                         "dtype": dtype, "quick": args.quick, "tol": args.tol, "stages": stages,
                         "max_variants": args.max_variants, "extra": extra, **_resume(_read_lines(path)),
                         "deadline": task_deadline, "min_left_s": args.min_left_s, "log": str(path)}
@@ -536,6 +541,7 @@ def run(args) -> dict:
                 report.setdefault("arch", plan["arch"])
                 info["package"] = plan["package"]
                 info["plan"] = plan["kernels"]
+                info["inputs"] = plan["inputs"]
             save()
     except SystemExit as e:
         report["notes"].append(f"run stopped early: {e}")
@@ -571,6 +577,7 @@ def render_table(report: dict) -> str:
     lines = [f"sweep_plans  device={v.get('gpu', report.get('device'))} arch={report.get('arch')}  "
              f"torch={v.get('torch')} triton={v.get('triton')}  dtype={report.get('dtype')}  "
              f"tol={report.get('tol')}  elapsed={report.get('elapsed_s')} s"
+             f"{'  value heads ' + str(report['value_heads']) if report.get('value_heads') else ''}"
              f"{'  FAKE' if report.get('fake') else ''}"]
     hdr = ["op", "shape", "kernel", "in", "default", "default ms", "best", "best ms", "speedup", "op ms d/b",
            "tried"]
@@ -650,7 +657,7 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
             out.append(f"# rows of {key} disagree on the best variant ({sorted(cfgs)}): decide by hand")
             entry = "# " + entry
         else:
-            sources.setdefault(sid, []).extend(_measurement(r) for r in rows)
+            sources.setdefault(sid, []).extend(_measurement(r, report.get("value_heads")) for r in rows)
         out.append(entry)
     if not groups:
         out.append(f"# no kernel beat its default by {min_speedup}x")
@@ -662,15 +669,17 @@ def propose(report: dict, min_speedup: float, source: str) -> str:
     return "\n".join(out)
 
 
-def _measurement(row: dict) -> str:
-    """'gla 4x4096x16x128: fwd_o kernel 0.41 -> 0.33 ms, fwd 1.33 -> 1.25 ms, against bk64_bv64_w4_s2'."""
+def _measurement(row: dict, value_heads: int | None = None) -> str:
+    """'gla 4x4096x16x128: fwd_o kernel 0.41 -> 0.33 ms, fwd 1.33 -> 1.25 ms, against bk64_bv64_w4_s2' (the
+    shape followed by ', HV=32' for grouped value heads)."""
     best = next(x for x in row["variants"] if x["variant"] == row["best"])
     d = row["default"]
     parts = []
     if row["metric"] == "kernel_ms":
         parts.append(f"{row['stage']} kernel {d['kernel_ms']:.4g} -> {best['kernel_ms']:.4g} ms")
     parts.append(f"{row['mode'].replace('fwdbwd', 'fwd+bwd')} {d['op_ms']:.4g} -> {best['op_ms']:.4g} ms")
-    return f"{row['op']} {row['shape']}: {', '.join(parts)}, against {vkey(d['cfg'])}"
+    heads = f", HV={value_heads}" if value_heads else ""
+    return f"{row['op']} {row['shape']}{heads}: {', '.join(parts)}, against {vkey(d['cfg'])}"
 
 
 # =============================================================================================
@@ -683,6 +692,9 @@ def parse_args(argv=None):
                                                f"from: {','.join(_ops.OPS)}")
     p.add_argument("--shapes", default=None, help="comma-separated BxTxHxD or BxTxHxKxV "
                                                   "(default 4x4096x16x128; --fake: 1x64x1x64)")
+    p.add_argument("--value-heads", type=int, default=None, metavar="HV",
+                   help="grouped value heads for the ops that take them (v, g, beta on HV heads, q and k on the "
+                        "shapes' H; Qwen3-Next: 32 with H = 16); default H")
     p.add_argument("--stages", default=None, help="kernels to sweep, e.g. fwd_o,bwd_dv (default: all but cumsum)")
     p.add_argument("--max-variants", type=int, default=10, help="variants per kernel, nearest the default first")
     p.add_argument("--extra-variants", default=None,
@@ -709,6 +721,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.ops = args.ops or ("linear_attn" if args.fake else "gla")
     args.shapes = args.shapes or ("1x64x1x64" if args.fake else "4x4096x16x128")
+    if args.value_heads is not None and not args.worker and not args.render and not args.propose:
+        if args.value_heads < 1:
+            p.error(f"--value-heads must be positive, got {args.value_heads}")
+        for name in _ops.parse_ops(args.ops):
+            if not _ops.has_value_heads(_ops.OPS[name]):
+                p.error(f"--value-heads: {name} has no grouped value heads")
+        for shape in _ops.parse_shapes(args.shapes):
+            if args.value_heads % shape[2]:
+                p.error(f"--value-heads {args.value_heads} is not a multiple of H = {shape[2]} "
+                        f"({_ops.shape_str(shape)})")
     return args
 
 

@@ -63,6 +63,30 @@ def test_fake_sweep_records_wins_failures_and_crashes(tmp_path):
     assert "fwd_o" in table and "bk32_bv32_w4_s2: crash" in table and "block_v must be a power of two" in table
 
 
+def test_fake_sweep_of_grouped_value_heads(tmp_path):
+    """--value-heads: v, g and beta on HV heads, q and k on the shape's H, in the worker's inputs and the report;
+    an op without grouped heads, or an HV that is not a multiple of H, is a usage error before any worker."""
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "sweep_plans.py"), "--fake", "--quick",
+           "--ops", "gated_delta_rule", "--shapes", "1x32x2x32", "--value-heads", "4", "--stages", "fwd_solve",
+           "--max-variants", "1", "--budget-s", "200", "--out", str(out), "--workdir", str(tmp_path / "wd")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["value_heads"] == 4
+    inputs = report["workers"]["gated_delta_rule_1x32x2x32"]["inputs"]
+    assert inputs == {"q": [1, 32, 2, 32], "k": [1, 32, 2, 32], "v": [1, 32, 4, 32], "g": [1, 32, 4],
+                      "beta": [1, 32, 4]}, inputs
+    (row,) = report["rows"]
+    assert row["stage"] == "fwd_solve" and row["variants"][0]["status"] == "ok", row
+    assert "value heads 4" in sweep_plans.render_table(report)
+    for bad, words in ((["--ops", "gla"], "gla has no grouped value heads"),
+                       (["--ops", "gated_delta_rule", "--shapes", "1x32x3x32"], "is not a multiple of H = 3")):
+        proc = subprocess.run([*cmd[:2], "--fake", "--value-heads", "4", *bad], capture_output=True, text=True,
+                              timeout=120, cwd=REPO_ROOT)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
 def _report(rows):
     return {"arch": "sm90", "dtype": "bfloat16", "versions": {"gpu": "NVIDIA H100 80GB HBM3"}, "workers": {},
             "rows": rows}
