@@ -541,7 +541,7 @@ def run(args) -> dict:
                 report.setdefault("arch", plan["arch"])
                 info["package"] = plan["package"]
                 info["plan"] = plan["kernels"]
-                info["inputs"] = plan["inputs"]
+                info["inputs"] = plan.get("inputs")
             save()
     except SystemExit as e:
         report["notes"].append(f"run stopped early: {e}")
