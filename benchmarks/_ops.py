@@ -126,6 +126,16 @@ def has_value_heads(op: OpSpec) -> bool:
     return any("G" in layout for _name, layout, _role, _optional in pkg.INPUTS)
 
 
+def check_value_heads(op: OpSpec, H: int, HV: int) -> None:
+    """ValueError unless ``op`` can take HV value heads beside H query/key heads (HV == H always can)."""
+    if HV == H:
+        return
+    if HV % H:
+        raise ValueError(f"{HV} value heads is not a multiple of H = {H}")
+    if not has_value_heads(op):
+        raise ValueError(f"{op.name} has no grouped value heads")
+
+
 def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = False,
                 gate_dtype=None, requires_grad: bool = True, gate_scale: float = 1.0, value_heads: int | None = None):
     """Fresh random inputs, identical in every process for the same seed and device.
@@ -140,9 +150,7 @@ def make_inputs(op: OpSpec, shape, dtype, device, seed: int, g_gamma: bool = Fal
     """
     B, T, H, K, V = shape
     HV = value_heads or H
-    if HV != H and (HV % H or not has_value_heads(op)):
-        raise ValueError(f"{op.name}: {HV} value heads for {H} query/key heads: "
-                         + ("not a multiple" if HV % H else "the op has no grouped value heads"))
+    check_value_heads(op, H, HV)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed % (2**63))
     gate_dtype = gate_dtype or dtype

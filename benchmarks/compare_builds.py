@@ -97,18 +97,23 @@ def _time_call(fn, args: list, do_bench) -> list[float]:
             for f in (forward, forward_backward)]
 
 
-def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) -> dict:
-    """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms]}."""
+def _chunk_op(op: str):
+    """(package, its chunk_* function) of ``generated.<op>`` in this process's build."""
     import importlib
 
+    pkg = importlib.import_module(f"generated.{op}")
+    return pkg, getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
+
+
+def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) -> dict:
+    """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms]}."""
     import torch
     from triton.testing import do_bench
 
     sys.path.insert(0, os.getcwd())
     out = {}
     for op in ops:
-        pkg = importlib.import_module(f"generated.{op}")
-        fn = getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
+        pkg, fn = _chunk_op(op)
         for shape in shapes:
             out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, _inputs(pkg, shape, seed), do_bench)
             torch.cuda.empty_cache()
@@ -122,7 +127,6 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
     ``device``, ``dtype`` and ``do_bench`` (triton.testing's by default) let a test run it in Triton's
     interpreter."""
     import contextlib
-    import importlib
 
     import torch
 
@@ -139,8 +143,7 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
     lines = ["| op | shape | variant | error vs plan | fwd ms | worst plan/variant | f+b ms | worst plan/variant |",
              "|---|---|---|---|---|---|---|---|"]
     for op in ops:
-        pkg = importlib.import_module(f"generated.{op}")
-        fn = getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
+        pkg, fn = _chunk_op(op)
         for shape in shapes:
             args = _inputs(pkg, shape, seed, device, dtype)
             outputs = []

@@ -724,13 +724,13 @@ def parse_args(argv=None):
     if args.value_heads is not None and not args.worker and not args.render and not args.propose:
         if args.value_heads < 1:
             p.error(f"--value-heads must be positive, got {args.value_heads}")
-        for name in _ops.parse_ops(args.ops):
-            if not _ops.has_value_heads(_ops.OPS[name]):
+        for name, shape in itertools.product(_ops.parse_ops(args.ops), _ops.parse_shapes(args.shapes)):
+            if not _ops.has_value_heads(_ops.OPS[name]):  # even at HV = H: the flag asks for a grouped call
                 p.error(f"--value-heads: {name} has no grouped value heads")
-        for shape in _ops.parse_shapes(args.shapes):
-            if args.value_heads % shape[2]:
-                p.error(f"--value-heads {args.value_heads} is not a multiple of H = {shape[2]} "
-                        f"({_ops.shape_str(shape)})")
+            try:
+                _ops.check_value_heads(_ops.OPS[name], shape[2], args.value_heads)
+            except ValueError as e:
+                p.error(f"--value-heads: {e} ({name} {_ops.shape_str(shape)})")
     return args
 
 
