@@ -74,6 +74,11 @@ SOURCES: dict[str, Source] = {
                           "nothing to pipeline"),
     "scan-loop": Source("rule: a scan whose every step's dot takes the last step's result: nothing to pipeline; "
                         "the whole key head dim in one tile, the V tile narrowed by the launcher on small grids"),
+    "fwd-a-chunk-bk32": Source("rule: fwd_A_chunk's K tiles at most 32 wide, beside the chunk's two [BT, BT] "
+                               "fp32 products in registers: measured on sm90 (h200-fwd-a-chunk), the rule elsewhere"),
+    "aot-fwd-a-chunk-sm100": Source("fla-gen aot, sm100, Triton 3.6: the per-channel delta rule's fwd_A_chunk (two dots "
+                                    "on one transposed k tile) fails in TritonGPUPipeline at 2 and 3 stages; at 1 "
+                                    "it compiles (95 registers, no spill)", ("sm100",)),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
@@ -144,6 +149,15 @@ SOURCES: dict[str, Source] = {
         "aot, and so fewer programs per "
         "SM), 4 warps, sweep_plans.py --stages fwd_A: 0.467 -> 0.326 ms at 4x4096x16x128, 0.380 -> 0.341 at "
         "2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64", _H100),
+    "h200-fwd-a-chunk": Source(
+        "the per-channel delta rule's (KDA's) fwd_A as one program per chunk through one reference token against the "
+        "16-token sub-chunks' kernel (the plan's, whole K on 2 warps: 0.277 ms), 4x4096x16x128, H200, bf16, "
+        "logsigmoid(randn) / 16 gates (no chunk left to the sub-chunks), kernel time over 30 calls: 32-wide K tiles "
+        "on 4 warps 0.147 ms at 2 stages, 0.169 at 1; 64-wide 0.148 at 2 stages, 0.185 at 1; whole K 0.170; 8 "
+        "warps 0.148-0.209. A and M within 2.9e-3 and 6.6e-4 of float64, as the sub-chunks' kernel's. In the op "
+        "(compare_builds.py --variants, 3 alternating rounds, forward without autograd), the rule's 3 stages "
+        "against 2: KDA 0.750 against 0.765 ms, GLA 0.454 against 0.461",
+        _H100),
     "h200-gla-fwd-a-tiles": Source(
         "the per-channel gated op's fwd_A on its column blocks (one [BK, 16] tile per earlier sub-chunk), the real "
         "op through plan overrides, forward without autograd, 3 alternating rounds in one process, H200, bf16, "

@@ -220,6 +220,12 @@ _CHANNEL_A = KernelShape("fwd_A", (("BC", "BK"), ("BC", "BK"), ("BK", "BT"), ("B
                          sub_chunk=True, max_stages=tuple(
                              ArchRule(arch, 1, "h100-fwd-a-stages" if arch == "sm90" else "fwd-a-one-stage")
                              for arch in ARCHS))
+# fwd_A_chunk: one program per chunk, one loop over K tiles of q, k and G [BT, BK]; the [BT, BT] fp32 products
+# stay in registers. K tiles of 32 at most: the measured sm90 config (the rule elsewhere).
+_CHANNEL_A_CHUNK = KernelShape("fwd_A_chunk", (("BT", "BK"), ("BT", "BK"), ("BT", "BK")),
+                               max_block_k=(32, "fwd-a-chunk-bk32"))
+# Its delta-rule form (M = K K^T * Gamma beside A_qk, both from one transposed k tile) does not pipeline on sm100.
+_CHANNEL_DELTA_A_CHUNK = replace(_CHANNEL_A_CHUNK, max_stages=(ArchRule("sm100", 1, "aot-fwd-a-chunk-sm100"),))
 # The delta rule's fwd_A also loads the rows of k [BC, BK] for M = K K^T * Gamma beside A_qk's q rows (one launch
 # builds both from the same column tiles).
 _CHANNEL_DELTA_A = replace(_CHANNEL_A, tiles=(("BC", "BK"), *_CHANNEL_A.tiles))
@@ -274,7 +280,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   chunked=True, segment_rule=DIAGONAL_SPLIT),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
-                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
+                  (_CUMSUM, _CHUNK_STATE, _CHANNEL_A_CHUNK, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
@@ -340,7 +346,7 @@ _CHANNEL_WY_WARPS = tuple(
     ArchRule(a, 8, "aot-channel-delta-wy-warps") for a in ("sm80", "sm86", "sm89"))
 _CHANNEL_DELTA = Algorithm(
     "chunk_delta_channel", "kernels/chunk_delta.jinja",
-    (_CUMSUM, _CHANNEL_DELTA_A,
+    (_CUMSUM, _CHANNEL_DELTA_A_CHUNK, _CHANNEL_DELTA_A,
      # the inverse from fwd_A's A_kk blocks [16, 16]
      KernelShape("fwd_solve", (), pipelined=False, block_chain=True),
      # W = Ai (beta exp(G) K) scales each k tile by exp(G)

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """chunk_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel, gla_segment_scan_kernel).
+Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_chunk_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel, gla_segment_scan_kernel).
 """
 
 import torch
@@ -137,6 +137,63 @@ def gla_fwd_h_kernel(
 
 
 @triton.jit
+def gla_fwd_A_chunk_kernel(
+    q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+):
+    # One program per chunk: all of A at once, through one reference token r (the chunk's middle
+    # valid token), as [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) and
+    # the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of
+    # the dtype: each factor within exp(+-DIAG_SPAN), the masked-out products within exp(2 DIAG_SPAN) |q| |k| K).
+    # A chunk whose gates move more is flagged in strong [B * H, NT] and left to fwd_A_kernel's 16-token
+    # sub-chunks, whose exponents stay <= 0 (or within the span on a diagonal block): for those every factor
+    # through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and channel).
+    # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
+    # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
+    # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_i = o_i < n_t
+    i_r = (n_t - 1) // 2
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    # The route first, from G alone: a chunk left to the sub-chunks reads nothing else here (with strong gates,
+    # every chunk, this kernel costs one read of G). The loop below reads the same G tiles again.
+    b_span = tl.zeros([], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        b_d = tl.load(g_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_ik, other=0.) - \
+            tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :]
+        b_span = tl.maximum(b_span, tl.max(tl.where(m_ik, tl.abs(b_d), 0.)))
+    is_strong = b_span > DIAG_SPAN
+    tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
+    if is_strong:
+        return
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        o_x = o_i[:, None] * (H * K) + o_k[None, :]
+        b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
+        # every |b_d| <= DIAG_SPAN here (the route's test)
+        b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
+        b_e = tl.exp(b_d)
+        b_q = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32)
+        b_k = tl.load(k_c + o_x, mask=m_ik, other=0.).to(tl.float32)
+        b_kct = tl.trans((b_k * tl.exp(-b_d)).to(k.dtype.element_ty))
+        b_A += tl.dot((b_q * (scale * b_e)).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
+    # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
+    m_A = o_i[None, :] <= o_i[:, None]
+    p_A = (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :]
+    tl.store(A + p_A, tl.where(m_A, b_A, 0.).to(A.dtype.element_ty), mask=m_i[:, None])
+
+
+@triton.jit
 def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.constexpr, K: tl.constexpr):
     """[BK, BC] k_j exp(G_n - G_j) of the key tokens o_j (earlier than n, all in the chunk) on the channels o_k,
     read transposed through the offsets, in k's dtype: every exponent <= 0."""
@@ -147,12 +204,15 @@ def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.c
 
 @triton.jit
 def gla_fwd_A_kernel(
-    q, k, G, A, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns;
+    # only for the chunks that fwd_A_chunk_kernel flagged in strong [B * H, NT] (gates it could not take)
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if tl.load(strong + i_bh * tl.num_programs(1) + i_t) == 0:
+        return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     i_n = i_i * BC
@@ -801,13 +861,23 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
+    A = q.new_empty(B, T, H, BT)
+    strong = torch.empty(B * H, NT, dtype=torch.int8, device=q.device)
+    cfg = plan.config("fwd_A_chunk")
+    gla_fwd_A_chunk_kernel[(NT, B * H)](
+        q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    # its programs return at once on the chunks fwd_A_chunk finished (no host sync to learn which)
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
-    A = q.new_empty(B, T, H, BT)
     gla_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, A, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
-        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)

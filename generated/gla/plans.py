@@ -13,6 +13,7 @@ CHUNK_PLANS = {
     ("sm80", "bf16", 64): Plan("sm80", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -25,6 +26,7 @@ CHUNK_PLANS = {
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -37,6 +39,7 @@ CHUNK_PLANS = {
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -49,6 +52,7 @@ CHUNK_PLANS = {
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -61,6 +65,7 @@ CHUNK_PLANS = {
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -73,6 +78,7 @@ CHUNK_PLANS = {
     ("sm80", "fp32", 256): Plan("sm80", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -85,6 +91,7 @@ CHUNK_PLANS = {
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -97,6 +104,7 @@ CHUNK_PLANS = {
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -109,6 +117,7 @@ CHUNK_PLANS = {
     ("sm86", "bf16", 256): Plan("sm86", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -121,6 +130,7 @@ CHUNK_PLANS = {
     ("sm86", "fp32", 64): Plan("sm86", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(32, 32, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -133,6 +143,7 @@ CHUNK_PLANS = {
     ("sm86", "fp32", 128): Plan("sm86", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(32, 32, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -145,6 +156,7 @@ CHUNK_PLANS = {
     ("sm86", "fp32", 256): Plan("sm86", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 2, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(32, 32, 4, 2, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -157,6 +169,7 @@ CHUNK_PLANS = {
     ("sm90", "fp16", 64): Plan("sm90", "fp16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-gla")),
@@ -169,6 +182,7 @@ CHUNK_PLANS = {
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 128, 4, 3, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -181,6 +195,7 @@ CHUNK_PLANS = {
     ("sm90", "fp16", 256): Plan("sm90", "fp16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -193,6 +208,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 1, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-gla")),
@@ -205,6 +221,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="h200-fwd-a-chunk")),
         ("fwd_A", LaunchConfig(128, 64, 2, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 128, 4, 3, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -217,6 +234,7 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 1, 1, source="h200-gla-fwd-a-tiles")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -229,6 +247,7 @@ CHUNK_PLANS = {
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 64, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-gla")),
@@ -241,6 +260,7 @@ CHUNK_PLANS = {
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -253,6 +273,7 @@ CHUNK_PLANS = {
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
@@ -265,6 +286,7 @@ CHUNK_PLANS = {
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 128, 4, 3, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -277,6 +299,7 @@ CHUNK_PLANS = {
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(64, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -289,6 +312,7 @@ CHUNK_PLANS = {
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 128, 4, 2, source="tiles,wide-v")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
@@ -301,6 +325,7 @@ CHUNK_PLANS = {
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),

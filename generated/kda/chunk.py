@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/kda.fla`.
 """chunk_kda: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_kernel, kda_fwd_solve_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
+Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_chunk_kernel, kda_fwd_A_kernel, kda_fwd_solve_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
 """
 
 import torch
@@ -90,13 +90,81 @@ def kda_cumsum_kernel(
 
 
 @triton.jit
+def kda_fwd_A_chunk_kernel(
+    q, k, G, A, M, qg, strong, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+):
+    # One program per chunk: all of A and M at once, through one reference token r (the chunk's middle
+    # valid token), as [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) (and k_i exp(G_i - G_r)) and
+    # the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of
+    # the dtype: each factor within exp(+-DIAG_SPAN), the masked-out products within exp(2 DIAG_SPAN) |q| |k| K).
+    # A chunk whose gates move more is flagged in strong [B * H, NT] and left to fwd_A_kernel's 16-token
+    # sub-chunks, whose exponents stay <= 0 (or within the span on a diagonal block): for those every factor
+    # through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and channel).
+    # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
+    # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
+    # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_i = o_i < n_t
+    i_r = (n_t - 1) // 2
+    i_hk = i_h // (H // HK)
+    q_c, k_c, g_c = q + (t0 * HK + i_hk) * K, k + (t0 * HK + i_hk) * K, G + (t0 * H + i_h) * K
+    # qg = q exp(G) as fwd_A_kernel stores it (its comment says why here), for every chunk
+    qg_c = qg + (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T * HK * K + (t0 * HK + i_hk) * K
+    # The route first, from G alone: a chunk left to the sub-chunks reads nothing else here (with strong gates,
+    # every chunk, this kernel costs one read of G). The loop below reads the same G tiles again.
+    b_span = tl.zeros([], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        b_d = tl.load(g_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_ik, other=0.) - \
+            tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :]
+        b_span = tl.maximum(b_span, tl.max(tl.where(m_ik, tl.abs(b_d), 0.)))
+    is_strong = b_span > DIAG_SPAN
+    tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
+    if is_strong:
+        return
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_M = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        o_x = o_i[:, None] * (H * K) + o_k[None, :]
+        ko_x = o_i[:, None] * (HK * K) + o_k[None, :]
+        b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
+        # every |b_d| <= DIAG_SPAN here (the route's test)
+        b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
+        b_e = tl.exp(b_d)
+        b_q = tl.load(q_c + ko_x, mask=m_ik, other=0.).to(tl.float32)
+        tl.store(qg_c + ko_x, (b_q * tl.exp(b_g)).to(qg.dtype.element_ty), mask=m_ik)
+        b_k = tl.load(k_c + ko_x, mask=m_ik, other=0.).to(tl.float32)
+        b_kct = tl.trans((b_k * tl.exp(-b_d)).to(k.dtype.element_ty))
+        b_A += tl.dot((b_q * (scale * b_e)).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
+        b_M += tl.dot((b_k * b_e).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
+    # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
+    m_A = o_i[None, :] <= o_i[:, None]
+    p_A = (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :]
+    tl.store(A + p_A, tl.where(m_A, b_A, 0.).to(A.dtype.element_ty), mask=m_i[:, None])
+    tl.store(M + p_A, tl.where(m_A, b_M, 0.).to(M.dtype.element_ty), mask=m_i[:, None])
+
+
+@triton.jit
 def kda_fwd_A_kernel(
-    q, k, G, A, M, qg, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, M, qg, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A and M, all BT columns
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A and M, all BT columns;
+    # only for the chunks that fwd_A_chunk_kernel flagged in strong [B * H, NT] (gates it could not take)
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if tl.load(strong + i_bh * tl.num_programs(1) + i_t) == 0:
+        return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     i_n = i_i * BC
@@ -1469,13 +1537,22 @@ def _chunk_A(q, k, G, scale, cu_seqlens, chunk_indices, plan):
     H = G.shape[2]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    BC = min(16, BT)
-    cfg = plan.config("fwd_A")
     Mkk = q.new_empty(B, T, H, BT, dtype=torch.float32)
     Aqk = q.new_empty(B, T, H, BT)
     qg = q.new_empty(B, H // HK, T, HK, K)
+    strong = torch.empty(B * H, NT, dtype=torch.int8, device=q.device)
+    cfg = plan.config("fwd_A_chunk")
+    kda_fwd_A_chunk_kernel[(NT, B * H)](
+        q, k, G, Aqk, Mkk, qg, strong, cu_seqlens, chunk_indices, scale, T,
+        H=H, HK=HK, K=K, BT=BT, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    # its programs return at once on the chunks fwd_A_chunk finished (no host sync to learn which)
+    BC = min(16, BT)
+    cfg = plan.config("fwd_A")
     kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, Aqk, Mkk, qg, cu_seqlens, chunk_indices, scale, T,
+        q, k, G, Aqk, Mkk, qg, strong, cu_seqlens, chunk_indices, scale, T,
         H=H, HK=HK, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

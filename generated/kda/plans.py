@@ -12,6 +12,7 @@ from fla_gen.runtime.plan_types import LaunchConfig, Plan, same_arch_plans_as, s
 CHUNK_PLANS = {
     ("sm80", "bf16", 64): Plan("sm80", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -26,6 +27,7 @@ CHUNK_PLANS = {
     )),
     ("sm80", "bf16", 128): Plan("sm80", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -40,6 +42,7 @@ CHUNK_PLANS = {
     )),
     ("sm80", "bf16", 256): Plan("sm80", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -54,6 +57,7 @@ CHUNK_PLANS = {
     )),
     ("sm80", "fp32", 64): Plan("sm80", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -68,6 +72,7 @@ CHUNK_PLANS = {
     )),
     ("sm80", "fp32", 128): Plan("sm80", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -82,6 +87,7 @@ CHUNK_PLANS = {
     )),
     ("sm86", "bf16", 64): Plan("sm86", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -96,6 +102,7 @@ CHUNK_PLANS = {
     )),
     ("sm86", "bf16", 128): Plan("sm86", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 1, source="tiles")),
@@ -110,6 +117,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "fp16", 128): Plan("sm90", "fp16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -124,6 +132,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -138,6 +147,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="h200-fwd-a-chunk")),
         ("fwd_A", LaunchConfig(128, 64, 2, 1, source="h100-delta-channel-whole-k")),
         ("fwd_solve", LaunchConfig(64, 64, 2, 1, source="h200-delta-channel-solve")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="h200-delta-channel-solve")),
@@ -152,6 +162,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -166,6 +177,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -180,6 +192,7 @@ CHUNK_PLANS = {
     )),
     ("sm90", "fp32", 128): Plan("sm90", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 3, source="tiles,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,h100-fwd-a-stages,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -194,6 +207,7 @@ CHUNK_PLANS = {
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 1, source="tiles,aot-fwd-a-chunk-sm100,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -208,6 +222,7 @@ CHUNK_PLANS = {
     )),
     ("sm100", "bf16", 128): Plan("sm100", "bf16", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 1, source="tiles,aot-fwd-a-chunk-sm100,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -222,6 +237,7 @@ CHUNK_PLANS = {
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 1, source="tiles,aot-fwd-a-chunk-sm100,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 3, source="tiles")),
@@ -236,6 +252,7 @@ CHUNK_PLANS = {
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 1, source="tiles,aot-fwd-a-chunk-sm100,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),
@@ -250,6 +267,7 @@ CHUNK_PLANS = {
     )),
     ("sm100", "fp32", 128): Plan("sm100", "fp32", 128, 64, kernels=(
         ("cumsum", LaunchConfig(64, 64, 4, 1, source="elementwise")),
+        ("fwd_A_chunk", LaunchConfig(32, 64, 4, 1, source="tiles,aot-fwd-a-chunk-sm100,fwd-a-chunk-bk32")),
         ("fwd_A", LaunchConfig(64, 64, 4, 1, source="tiles,fwd-a-one-stage,sub-chunk")),
         ("fwd_solve", LaunchConfig(64, 64, 4, 1, source="block-chain")),
         ("fwd_wu", LaunchConfig(64, 64, 4, 2, source="tiles")),

@@ -18,7 +18,7 @@ def test_channel_delta_features_select_the_channel_kernels_of_chunk_delta():
 def test_every_target_plans_the_per_channel_kernels():
     chunk, _ = select_algorithms(KDA)
     plans = plan_table(KDA, chunk)
-    stages = {"cumsum", "fwd_A", "fwd_solve", "fwd_wu", "fwd_h", "fwd_o", "bwd_dh", "bwd_dqk", "bwd_wy",
+    stages = {"cumsum", "fwd_A_chunk", "fwd_A", "fwd_solve", "fwd_wu", "fwd_h", "fwd_o", "bwd_dh", "bwd_dqk", "bwd_wy",
               "bwd_dqk_intra", "bwd_dqkg", "segment_scan"}
     # no fwd_fused: the per-channel walk is not measured, so the forward is fwd_h + fwd_o
     assert plans and all({s for s, _ in p.kernels} == stages for p in plans)

@@ -1,0 +1,95 @@
+"""fwd_A's whole-chunk programs (fwd_A_chunk_kernel, templates/kernels/_channel_decay.jinja) in Triton's interpreter,
+KDA and GLA against their derived float64 references.
+
+A chunk whose gates move at most the dtype's factor span (launch.factor_span: 30 in fp32, 4 in fp16) about its
+middle token is built whole through that token; any other chunk is flagged and left to the 16-token sub-chunks.
+The inputs put both kinds in one call: weak gates (-0.09 U(0, 1) per token and channel: at most 2.9 over half a
+chunk) with strong ones (-5 U(0, 1): tens over half a chunk) in some chunks. Each call's flags are recorded and
+compared with the ones the gates call for, so a test fails when a chunk takes the wrong route, and the reference
+comparison (outputs, final state, every gradient; allocations poisoned) fails when a route builds a wrong product.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from fla_gen.runtime import launch
+from fla_gen.sample import sample_inputs
+from fla_gen.verify import compare_with_reference
+from tests.support import generated, poisoned_allocations, recurrence
+
+BT = 64
+
+
+class RecordedFlags:
+    """A kernel launcher that also keeps a copy of the int8 flags tensor each launch wrote."""
+
+    def __init__(self, kernel):
+        self.kernel, self.flags = kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.kernel[grid](*args, **kwargs)
+            self.flags.append(next(a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.int8).clone())
+        return run
+
+
+def chunk_ranges(B: int, T: int, cu_seqlens: list[int] | None) -> list[tuple[int, int, int, int]]:
+    """(batch row, chunk index, first token, end) of every chunk: the index within the row for dense inputs,
+    across the packed sequences with cu_seqlens (the kernels' grid)."""
+    if cu_seqlens is None:
+        return [(b, c, t, min(t + BT, T)) for b in range(B) for c, t in enumerate(range(0, T, BT))]
+    starts = [(t, eos) for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True) for t in range(bos, eos, BT)]
+    return [(0, c, t, min(t + BT, eos)) for c, (t, eos) in enumerate(starts)]
+
+
+def expected_flags(g: torch.Tensor, ranges, span: float) -> torch.Tensor:
+    """[B * H, NT] int8: 1 where a chunk's cumulative gate moves more than ``span`` about its middle token."""
+    B, _, H, _ = g.shape
+    flags = torch.zeros(B * H, 1 + max(c for _, c, _, _ in ranges), dtype=torch.int8)
+    for b, c, t0, t1 in ranges:
+        G = g[b, t0:t1].double().cumsum(0)  # [n, H, K]
+        moved = (G - G[(t1 - t0 - 1) // 2]).abs().amax(dim=(0, 2))  # [H]
+        flags[b * H:(b + 1) * H, c] = (moved > span).to(torch.int8)
+    return flags
+
+
+def mixed_gates(B, T, H, K, strong_tokens: list[tuple[int, int]], seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    g = -0.09 * torch.rand(B, T, H, K, generator=gen)
+    for t0, t1 in strong_tokens:
+        g[:, t0:t1] = -5.0 * torch.rand(B, t1 - t0, H, K, generator=gen)
+    return g
+
+
+CASES = [
+    # op, dtype, (B, T, H, K, V), cu_seqlens, tokens with strong gates
+    ("kda", torch.float32, (2, 200, 2, 32, 48), None, [(64, 128)]),
+    ("kda", torch.float16, (1, 150, 2, 32, 48), [0, 37, 37, 150], [(100, 110)]),
+    ("gla", torch.float32, (1, 150, 2, 100, 40), [0, 70, 70, 150], [(10, 20)]),
+    ("gla", torch.float16, (2, 160, 2, 32, 40), None, [(128, 160)]),
+]
+
+
+@pytest.mark.parametrize(("op", "dtype", "dims", "cu_seqlens", "strong_tokens"), CASES,
+                         ids=["kda-fp32", "kda-fp16-varlen", "gla-fp32-varlen-K100", "gla-fp16"])
+def test_whole_chunks_beside_sub_chunks(monkeypatch, op, dtype, dims, cu_seqlens, strong_tokens):
+    B, T, H, K, V = dims
+    pkg = generated(op)
+    module = importlib.import_module(f"generated.{op}.chunk")
+    recorder = RecordedFlags(getattr(module, f"{op}_fwd_A_chunk_kernel"))
+    monkeypatch.setattr(module, f"{op}_fwd_A_chunk_kernel", recorder)
+    x = sample_inputs(recurrence(op), B, T, H, K, V, dtype, seed=21)
+    x["g"] = mixed_gates(B, T, H, K, strong_tokens, seed=22)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    result = compare_with_reference(getattr(pkg, f"chunk_{op}"), getattr(pkg, f"{op}_reference"),
+                                    {**x, "initial_state": torch.randn(N, H, K, V)}, dtype, name=f"chunk_{op}",
+                                    guard=poisoned_allocations, cu_seqlens=cu)
+    assert not result.failures(), f"{result.name} {dtype}: over tolerance {result.failures()} (all {result.errors})"
+    want = expected_flags(x["g"], chunk_ranges(B, T, cu_seqlens), launch.factor_span(dtype))
+    assert 0 < int(want.sum()) < want.numel(), "the case should hold chunks of both kinds"
+    assert recorder.flags, "fwd_A_chunk_kernel never ran"
+    for flags in recorder.flags:
+        assert torch.equal(flags.cpu(), want), f"flags {flags.tolist()} against {want.tolist()}"
