@@ -39,9 +39,10 @@ OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"  # fla_gen.runtime.dispatch reads it; eac
 OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "dplr", "rwkv7")
 
 
-def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16"):
+def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16", gate_scale: float = 1.0):
     """The package's chunk-op tensors for shape (B, T, H, D) or (B, T, H, D, HV), in its INPUTS order
-    (``dtype``, gates fp32); layouts with G (grouped value heads) get HV heads."""
+    (``dtype``, gates fp32); layouts with G (grouped value heads) get HV heads. Per-token log gates are
+    logsigmoid(randn) / 16 times ``gate_scale``."""
     import torch
     import torch.nn.functional as F
 
@@ -63,7 +64,7 @@ def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16"
         heads = HV if "G" in layout else H
         size = (B, T, heads) + ((D,) if layout.endswith(("K", "V")) else ()) if per_token else (heads,)
         if role == "gate":
-            x = F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device=device)
+            x = gate_scale * F.logsigmoid(randn(*size)) / 16 if per_token else torch.full(size, -0.03, device=device)
         elif role == "rank1_read":
             x = -direction
         elif role == "rank1_write":
@@ -105,7 +106,7 @@ def _chunk_op(op: str):
     return pkg, getattr(pkg, next(n for n in dir(pkg) if n.startswith("chunk_")))
 
 
-def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) -> dict:
+def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int, gate_scale: float = 1.0) -> dict:
     """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms]}."""
     import torch
     from triton.testing import do_bench
@@ -115,13 +116,15 @@ def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int) ->
     for op in ops:
         pkg, fn = _chunk_op(op)
         for shape in shapes:
-            out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, _inputs(pkg, shape, seed), do_bench)
+            args = _inputs(pkg, shape, seed, gate_scale=gate_scale)
+            out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, args, do_bench)
             torch.cuda.empty_cache()
     return out
 
 
 def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[dict], rounds: int,
-                  seed: int, device: str = "cuda", dtype: str = "bfloat16", do_bench=None) -> list[str]:
+                  seed: int, device: str = "cuda", dtype: str = "bfloat16", do_bench=None,
+                  gate_scale: float = 1.0) -> list[str]:
     """The plan's own configs against each override in ``variants``, alternating over ``rounds`` in this process:
     the table's lines (per op, shape and variant: forward and forward+backward medians, worst plan/variant).
     ``device``, ``dtype`` and ``do_bench`` (triton.testing's by default) let a test run it in Triton's
@@ -145,7 +148,7 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
     for op in ops:
         pkg, fn = _chunk_op(op)
         for shape in shapes:
-            args = _inputs(pkg, shape, seed, device, dtype)
+            args = _inputs(pkg, shape, seed, device, dtype, gate_scale)
             outputs = []
             for v in overrides:
                 with plan_of(v), torch.no_grad():
@@ -180,6 +183,9 @@ def main() -> int:
                    help="comma-separated BxTxHxD or BxTxHxDxHV (default: 4x4096x16x128)")
     p.add_argument("--rounds", type=int, default=3, help="processes per side, alternating (default: 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gate-scale", type=float, default=1.0,
+                   help="multiply the per-token log gates, logsigmoid(randn) / 16 (default 1): e.g. 32, about -1.6 "
+                        "per token, moves a 64-token chunk's cumulative gate by tens (the strong-gate paths)")
     for side in ("before", "after"):
         p.add_argument(f"--{side}-override", metavar="JSON",
                        help=f"a plan override for the {side} side only ({OVERRIDE_ENV}'s JSON, e.g. "
@@ -192,7 +198,7 @@ def main() -> int:
     ops = [o for o in a.ops.split(",") if o]
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
     if a.child:
-        print(json.dumps(child(ops, shapes, a.seed)))
+        print(json.dumps(child(ops, shapes, a.seed, a.gate_scale)))
         return 0
     for shape in shapes:
         if len(shape) not in (4, 5):
@@ -211,7 +217,7 @@ def main() -> int:
                 p.error(f"--variants: {text!r} is not JSON ({e})")
             except ValueError as e:
                 p.error(f"--variants: {e}")
-        print("\n".join(time_variants(ops, shapes, variants, a.rounds, a.seed)))
+        print("\n".join(time_variants(ops, shapes, variants, a.rounds, a.seed, gate_scale=a.gate_scale)))
         return 0
     if a.before is None:
         p.error("--before is required (or --variants)")
@@ -225,7 +231,7 @@ def main() -> int:
             if overrides[side]:
                 env[OVERRIDE_ENV] = overrides[side]
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--before", ".", "--ops", a.ops,
-                   "--shapes", a.shapes, "--seed", str(a.seed)]
+                   "--shapes", a.shapes, "--seed", str(a.seed), "--gate-scale", str(a.gate_scale)]
             run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
             if run.returncode:
                 print(run.stderr[-3000:], file=sys.stderr)
