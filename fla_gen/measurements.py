@@ -75,10 +75,11 @@ SOURCES: dict[str, Source] = {
     "scan-loop": Source("rule: a scan whose every step's dot takes the last step's result: nothing to pipeline; "
                         "the whole key head dim in one tile, the V tile narrowed by the launcher on small grids"),
     "fwd-a-chunk-bk32": Source("rule: fwd_A_chunk's K tiles at most 32 wide, beside the chunk's two [BT, BT] "
-                               "fp32 products in registers: measured on sm90 (h200-fwd-a-chunk), the rule elsewhere"),
-    "aot-fwd-a-chunk-sm100": Source("fla-gen aot, sm100, Triton 3.6: the per-channel delta rule's fwd_A_chunk (two dots "
-                                    "on one transposed k tile) fails in TritonGPUPipeline at 2 and 3 stages; at 1 "
-                                    "it compiles (95 registers, no spill)", ("sm100",)),
+                               "fp32 products in registers: measured on sm90 (h200-fwd-a-chunk), the rule "
+                               "elsewhere"),
+    "aot-fwd-a-chunk-sm100": Source("fla-gen aot, sm100, Triton 3.6: the per-channel delta rule's fwd_A_chunk (two "
+                                    "dots on one transposed k tile) fails in TritonGPUPipeline at 2 and 3 stages; "
+                                    "at 1 it compiles (95 registers, no spill)", ("sm100",)),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
