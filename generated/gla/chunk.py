@@ -65,8 +65,8 @@ def _gla_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS
 
 @triton.jit
 def gla_cumsum_kernel(
-    g, G, cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    g, G, strong, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
     USE_G: tl.constexpr,
 
     IS_VARLEN: tl.constexpr,
@@ -85,6 +85,14 @@ def gla_cumsum_kernel(
         b_G += tl.cumsum(tl.load(g + p_x + o_x, mask=m_ik, other=0.).to(tl.float32), axis=0)
 
     tl.store(G + p_x + o_x, b_G, mask=m_ik)
+    # The route of the chunk's intra products, decided here where G is in registers: strong [NK, B * H, NT] is 1
+    # where G moves more than DIAG_SPAN about the chunk's middle valid token on this K tile (fwd_A_chunk_kernel
+    # takes the chunks with no such tile). Deciding in fwd_A_chunk instead cost a second read of G there: KDA's
+    # forward 0.749 -> 0.780 ms at 4x4096x16x128 (H200, bf16, weak gates).
+    i_r = (n_t - 1) // 2
+    b_gr = tl.sum(tl.where(o_i[:, None] == i_r, b_G, 0.), axis=0)
+    b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
+    tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t, (b_span > DIAG_SPAN).to(tl.int8))
 
 
 @triton.jit
@@ -139,40 +147,32 @@ def gla_fwd_h_kernel(
 @triton.jit
 def gla_fwd_A_chunk_kernel(
     q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One program per chunk: all of A at once, through one reference token r (the chunk's middle
     # valid token), as [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) and
     # the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of
     # the dtype: each factor within exp(+-DIAG_SPAN), the masked-out products within exp(2 DIAG_SPAN) |q| |k| K).
-    # A chunk whose gates move more is flagged in strong [B * H, NT] and left to fwd_A_kernel's 16-token
-    # sub-chunks, whose exponents stay <= 0 (or within the span on a diagonal block): for those every factor
+    # A chunk whose gates move more (flagged by the cumsum kernel in strong [NF, B * H, NT], one row per K tile of
+    # its launch) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0 (or within the span on a diagonal block): for those every factor
     # through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and channel).
     # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
     # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
     # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    n_strong = tl.zeros([], dtype=tl.int32)
+    for i_f in range(NF):
+        n_strong += tl.load(strong + (i_f * tl.num_programs(1) + i_bh) * tl.num_programs(0) + i_t).to(tl.int32)
+    if n_strong > 0:
+        return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
+    # the cumsum kernel's reference token
     i_r = (n_t - 1) // 2
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
-    # The route first, from G alone: a chunk left to the sub-chunks reads nothing else here (with strong gates,
-    # every chunk, this kernel costs one read of G). The loop below reads the same G tiles again.
-    b_span = tl.zeros([], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_ik = m_i[:, None] & m_k[None, :]
-        b_d = tl.load(g_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_ik, other=0.) - \
-            tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :]
-        b_span = tl.maximum(b_span, tl.max(tl.where(m_ik, tl.abs(b_d), 0.)))
-    is_strong = b_span > DIAG_SPAN
-    tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
-    if is_strong:
-        return
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -180,7 +180,7 @@ def gla_fwd_A_chunk_kernel(
         m_ik = m_i[:, None] & m_k[None, :]
         o_x = o_i[:, None] * (H * K) + o_k[None, :]
         b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
-        # every |b_d| <= DIAG_SPAN here (the route's test)
+        # every |b_d| <= DIAG_SPAN here (the route)
         b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
         b_e = tl.exp(b_d)
         b_q = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32)
@@ -206,12 +206,15 @@ def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.c
 def gla_fwd_A_kernel(
     q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    NF: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
     # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns;
-    # only for the chunks that fwd_A_chunk_kernel flagged in strong [B * H, NT] (gates it could not take)
+    # only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT] (gates fwd_A_chunk_kernel cannot take)
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if tl.load(strong + i_bh * tl.num_programs(1) + i_t) == 0:
+    n_strong = tl.zeros([], dtype=tl.int32)
+    for i_f in range(NF):
+        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
+    if n_strong == 0:
         return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -714,20 +717,23 @@ def _tile(block: int, dim: int) -> int:
 
 
 def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
-    """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk."""
+    """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk, and its chunks' routes
+    strong [NK, B * H, NT] int8 (1: the gates move more than launch.factor_span of q's dtype about the chunk's middle
+    token on one of its NK K tiles)."""
     B, T, H, K = q.shape
     BT = plan.chunk_size
     cfg = plan.config("cumsum")
     BK = _tile(cfg.block_k, K)
     G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     grid = (launch.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
+    strong = torch.empty(grid[0], B * H, grid[1], dtype=torch.int8, device=q.device)
     gla_cumsum_kernel[grid](
-        g, G, cu_seqlens, chunk_indices, T,
-        H=H, K=K, BT=BT, BK=BK, USE_G=g is not None,
+        g, G, strong, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BK=BK, DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
 
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return G
+    return G, strong
 
 
 
@@ -857,27 +863,24 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    G = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
+    G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     A = q.new_empty(B, T, H, BT)
-    strong = torch.empty(B * H, NT, dtype=torch.int8, device=q.device)
     cfg = plan.config("fwd_A_chunk")
     gla_fwd_A_chunk_kernel[(NT, B * H)](
         q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    # its programs return at once on the chunks fwd_A_chunk finished (no host sync to learn which)
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
     gla_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
         q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), NF=strong.shape[0],
+        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
+        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
