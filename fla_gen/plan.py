@@ -233,6 +233,14 @@ _CHANNEL_DELTA_A = replace(_CHANNEL_A, tiles=(("BC", "BK"), *_CHANNEL_A.tiles))
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
                                  sub_chunk=True)
+# bwd_dqk_intra_chunk: one program per (K tile, chunk) of a chunk with weak gates, no loop: q, k, G [BT, BK] and
+# the chunk's dA [BT, BT] (fp32) once; [BT, BK] fp32 tiles of the factors and parts stay live beside it.
+_CHANNEL_DQK_INTRA_CHUNK = KernelShape("bwd_dqk_intra_chunk", (("BT", "BK"), ("BT", "BK"), ("BT", "BK")),
+                                       (("BT", "BT"),), pipelined=False, max_block_k=(32, "aot-dqk-intra-chunk-bk32"))
+# the delta rule's also loads M's gradient dAkk [BT, BT]; with mma.sync (sm80-89) it needs 8 warps not to spill
+_CHANNEL_DELTA_DQK_INTRA_CHUNK = replace(
+    _CHANNEL_DQK_INTRA_CHUNK, resident=(("BT", "BT"), ("BT", "BT")),
+    warps=tuple(ArchRule(a, 8, "aot-dqk-intra-chunk-warps") for a in ("sm80", "sm86", "sm89")))
 # The delta rule's bwd_dqk_intra loads M's gradient block [BC, BC] beside A_qk's and the rows of k [BC, BK] beside
 # q's (one launch takes both products' gradients from the same column tiles).
 _CHANNEL_DELTA_DQK_INTRA = replace(_CHANNEL_DQK_INTRA, tiles=(("BC", "BC"), ("BC", "BK"), *_CHANNEL_DQK_INTRA.tiles))
@@ -284,7 +292,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.
                    KernelShape("bwd_dv", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"),),
                                max_stages=_CHANNEL_STAGE_CAPS, wide_v=("sm90", "sm100")),
-                   _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
+                   _CHANNEL_DQK_INTRA_CHUNK, _CHANNEL_DQK_INTRA, _CHANNEL_DQKG, _SEGMENT_SCAN),
                   chunked=True, segment_rule=DIAGONAL_SPLIT),
         # Delta family (WY / UT transform): fwd_solve builds (I + A)^-1 as products of powers on 16x16 blocks
         # merged with dots, on one warp; fwd_wu W and U from it on the tile rule's warps; fwd_h and bwd_dh walk
@@ -366,7 +374,7 @@ _CHANNEL_DELTA = Algorithm(
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
      KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
-     _CHANNEL_DELTA_DQK_INTRA,
+     _CHANNEL_DELTA_DQK_INTRA_CHUNK, _CHANNEL_DELTA_DQK_INTRA,
      # dg from dL/dG (bwd_dqk_intra finishes dq and dk): [BT, BK] loads and a reverse cumsum, no dot
      KernelShape("bwd_dqkg", (), pipelined=False),
      _TRANSITION_SCAN),
@@ -580,6 +588,10 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         if shape.serial_dots:
             return _config(block, block, warps, 1, ["scan-loop", warps_src],
                            f"a loop of dots, each on the last one's result: nothing to pipeline; {warps_why}")
+        if shape.max_block_k:
+            bk = min(block, shape.max_block_k[0])
+            return _config(bk, block, warps, 1, [shape.max_block_k[1], warps_src],
+                           f"K in {bk}-wide tiles on the grid and no loop: nothing to pipeline; {warps_why}")
         return _config(block, block, warps, 1, ["elementwise"], "elementwise pass, nothing to pipeline")
     budget = int(arch.smem_per_block * 0.8)  # headroom for Triton's own scratch (layout conversions)
     elem = _element_bytes(dtype)

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/gla.fla`.
 """chunk_gla: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_chunk_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel, gla_segment_scan_kernel).
+Kernels: chunk_channel_gate (gla_cumsum_kernel, gla_fwd_h_kernel, gla_fwd_A_chunk_kernel, gla_fwd_A_kernel, gla_fwd_o_kernel, gla_fwd_fused_kernel, gla_bwd_dh_kernel, gla_bwd_dv_kernel, gla_bwd_dqk_intra_chunk_kernel, gla_bwd_dqk_intra_kernel, gla_bwd_dqkg_kernel, gla_segment_scan_kernel).
 """
 
 import torch
@@ -307,6 +307,50 @@ def gla_fwd_A_kernel(
 
 
 @triton.jit
+def gla_bwd_dqk_intra_chunk_kernel(
+    q, k, G, dA, dq, dk, strong, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # One program per (K tile, chunk) of a chunk with weak gates (the cumsum kernel's route, as fwd_A_chunk_kernel's):
+    # bwd_dqk_intra_kernel's parts of all the chunk's tokens at once, through the chunk's middle valid token r,
+    #   dq_i = exp(G_i - G_r) sum_j dA_ij (k_j exp(G_r - G_j)),  dk^col_j = exp(G_r - G_j) sum_i dA_ij (q_i exp(G_i - G_r)),
+    # [BT, BT] x [BT, BK] dots with every factor within exp(+-DIAG_SPAN) (j <= i, the diagonal included)
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_strong = tl.zeros([], dtype=tl.int32)
+    for i_f in range(NF):
+        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
+    if n_strong > 0:
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    # the rows are the chunk's tokens: o_r, m_r and m_rk as bwd_dqk_intra_kernel's epilogue reads them
+    o_r = tl.arange(0, BT)
+    m_r = o_r < n_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_rk = m_r[:, None] & m_k[None, :]
+    o_x = o_r[:, None] * (H * K) + o_k[None, :]
+    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    i_r = (n_t - 1) // 2
+    # every |b_d| <= DIAG_SPAN here (the route)
+    b_d = tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) -
+                   tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
+    b_e, b_ei = tl.exp(b_d), tl.exp(-b_d)
+    b_kc = tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_ei
+    b_qr = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_e
+    # dA [BT, BT] of the chunk's valid rows, j <= i; fp32 operands as in bwd_dqk_intra_kernel (tf32 on 16-bit inputs)
+    m_A = m_r[:, None] & (o_r[None, :] <= o_r[:, None])
+    o_A = (t0 * H + i_h) * BT + o_r[:, None] * (H * BT) + o_r[None, :]
+    b_dA = tl.load(dA + o_A, mask=m_A, other=0.)
+    b_dq = b_e * tl.dot(b_dA, b_kc, input_precision=DOT_PRECISION)
+    b_dkc = b_ei * tl.dot(tl.trans(b_dA), b_qr, input_precision=DOT_PRECISION)
+    # the intra-chunk parts alone: bwd_dqkg adds the inter-chunk ones and takes dg's reverse cumsum
+    tl.store(dq + (t0 * H + i_h) * K + o_x, b_dq, mask=m_rk)
+    tl.store(dk + (t0 * H + i_h) * K + o_x, b_dkc, mask=m_rk)
+
+
+@triton.jit
 def gla_fwd_o_kernel(
     q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -498,13 +542,20 @@ def gla_bwd_dv_kernel(
 
 @triton.jit
 def gla_bwd_dqk_intra_kernel(
-    q, k, G, dA, dq, dk, cu_seqlens, chunk_indices, T,
+    q, k, G, dA, dq, dk, strong, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    NF: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
     # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of its tokens,
     # from dA, in fp32
+    # (only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT]; bwd_dqk_intra_chunk_kernel takes
+    # the others)
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_strong = tl.zeros([], dtype=tl.int32)
+    for i_f in range(NF):
+        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
+    if n_strong == 0:
+        return
     i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -855,7 +906,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o; segment_scan.
 
     Returns:
-        o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A)
+        o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A, strong)
         for chunk_bwd: G [B, T, H, K] fp32 chunk-local cumulative gate, A [B, T, H, BT] the
         scaled intra-chunk matrix in q's dtype (row t holds A[t, :] of t's chunk).
     """
@@ -919,7 +970,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-        return o, final_state, (G, A)
+        return o, final_state, (G, A, strong)
     h, ht, _ = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets,
                             segments, plan)
     cfg = plan.config("fwd_o")
@@ -930,7 +981,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o, ht, (G, A)
+    return o, ht, (G, A, strong)
 
 
 def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -938,7 +989,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     Args:
         q, k, v, g, scale, initial_state, cu_seqlens, chunk_indices, chunk_offsets: as in chunk_fwd.
-        saved: (G, A) from chunk_fwd.
+        saved: (G, A, strong) from chunk_fwd.
         do: [B, T, H, V] gradient of o; dht: [N, H, K, V] gradient of the final state, or None.
         segments: as in chunk_fwd; both walks then run per segment, after a walk from zero and a scan.
         plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqk_intra,
@@ -949,7 +1000,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
         (None without g); dh0 [N, H, K, V]
         float32, or None without initial_state.
     """
-    G, A = saved
+    G, A, strong = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
@@ -996,15 +1047,21 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
-    BC = min(16, BT)
-    cfg = plan.config("bwd_dqk_intra")
-    BK = _tile(cfg.block_k, K)
-    # the intra-chunk parts of dq and dk, fp32, finished by bwd_dqkg
+    # the intra-chunk parts of dq and dk, fp32, finished by bwd_dqkg: whole chunks or sub-chunks as the forward's route
     dq_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    gla_bwd_dqk_intra_kernel[(launch.cdiv(K, BK) * launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, dA, dq_intra, dk_intra, cu_seqlens, chunk_indices, T,
-        H=H, K=K, BT=BT, BC=BC, BK=BK, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
+    cfg = plan.config("bwd_dqk_intra_chunk")
+    gla_bwd_dqk_intra_chunk_kernel[(launch.cdiv(K, _tile(cfg.block_k, K)), NT, B * H)](
+        q, k, G, dA, dq_intra, dk_intra, strong, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    BC = min(16, BT)
+    cfg = plan.config("bwd_dqk_intra")
+    gla_bwd_dqk_intra_kernel[(launch.cdiv(K, _tile(cfg.block_k, K)) * launch.cdiv(BT, BC), NT, B * H)](
+        q, k, G, dA, dq_intra, dk_intra, strong, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), NF=strong.shape[0],
+        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
