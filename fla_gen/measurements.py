@@ -80,12 +80,9 @@ SOURCES: dict[str, Source] = {
     "aot-fwd-a-chunk-sm100": Source("fla-gen aot, sm100, Triton 3.6: the per-channel delta rule's fwd_A_chunk (two "
                                     "dots on one transposed k tile) fails in TritonGPUPipeline at 2 and 3 stages; "
                                     "at 1 it compiles (95 registers, no spill)", ("sm100",)),
-    "aot-dqk-intra-chunk-bk32": Source("fla-gen aot: bwd_dqk_intra_chunk's K tiles at most 32 wide, beside the "
-                                       "chunk's [BT, BT] fp32 gradient(s) of A in registers (not timed)"),
-    "aot-dqk-intra-chunk-warps": Source("fla-gen aot, bf16, head dim 128: the per-channel delta rule's "
-                                        "bwd_dqk_intra_chunk on 4 warps spills 52 B on sm80 and 8 B on sm89 (255 "
-                                        "registers); on 8 warps 247-248 registers and no spill (16-wide K tiles on 4: "
-                                        "250-252, no spill). sm86 as sm89", ("sm80", "sm86", "sm89")),
+    "aot-dqk-intra-chunk-bk32": Source("rule: bwd_dqk_intra_chunk's K tiles at most 32 wide, beside the chunk's "
+                                       "[BT, BT] fp32 gradient of A in registers (fla-gen aot, bf16, head dim 128: "
+                                       "96-130 registers, no spill on sm80-sm100; wider tiles not timed)"),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "

@@ -233,14 +233,10 @@ _CHANNEL_DELTA_A = replace(_CHANNEL_A, tiles=(("BC", "BK"), *_CHANNEL_A.tiles))
 # k or q, G [BC, BK] per step: too short to pipeline.
 _CHANNEL_DQK_INTRA = KernelShape("bwd_dqk_intra", (("BC", "BC"), ("BC", "BK"), ("BC", "BK")), pipelined=False,
                                  sub_chunk=True)
-# bwd_dqk_intra_chunk: one program per (K tile, chunk) of a chunk with weak gates, no loop: q, k, G [BT, BK] and
-# the chunk's dA [BT, BT] (fp32) once; [BT, BK] fp32 tiles of the factors and parts stay live beside it.
+# bwd_dqk_intra_chunk (one row set: GLA): one program per (K tile, chunk) of a chunk with weak gates, no loop: q, k,
+# G [BT, BK] and the chunk's dA [BT, BT] (fp32) once; [BT, BK] fp32 tiles of the factors and parts stay live.
 _CHANNEL_DQK_INTRA_CHUNK = KernelShape("bwd_dqk_intra_chunk", (("BT", "BK"), ("BT", "BK"), ("BT", "BK")),
                                        (("BT", "BT"),), pipelined=False, max_block_k=(32, "aot-dqk-intra-chunk-bk32"))
-# the delta rule's also loads M's gradient dAkk [BT, BT]; with mma.sync (sm80-89) it needs 8 warps not to spill
-_CHANNEL_DELTA_DQK_INTRA_CHUNK = replace(
-    _CHANNEL_DQK_INTRA_CHUNK, resident=(("BT", "BT"), ("BT", "BT")),
-    warps=tuple(ArchRule(a, 8, "aot-dqk-intra-chunk-warps") for a in ("sm80", "sm86", "sm89")))
 # The delta rule's bwd_dqk_intra loads M's gradient block [BC, BC] beside A_qk's and the rows of k [BC, BK] beside
 # q's (one launch takes both products' gradients from the same column tiles).
 _CHANNEL_DELTA_DQK_INTRA = replace(_CHANNEL_DQK_INTRA, tiles=(("BC", "BC"), ("BC", "BK"), *_CHANNEL_DQK_INTRA.tiles))
@@ -374,7 +370,7 @@ _CHANNEL_DELTA = Algorithm(
      KernelShape("bwd_dqk", (("BT", "BV"), ("BV", "BT"), ("BV", "BK"), ("BV", "BK"), ("BT", "BK")), (("BT", "BT"),)),
      KernelShape("bwd_wy", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT")),
                  (("BT", "BT"), ("BT", "BT"), ("BT", "BT")), warps=_CHANNEL_WY_WARPS),
-     _CHANNEL_DELTA_DQK_INTRA_CHUNK, _CHANNEL_DELTA_DQK_INTRA,
+     _CHANNEL_DELTA_DQK_INTRA,
      # dg from dL/dG (bwd_dqk_intra finishes dq and dk): [BT, BK] loads and a reverse cumsum, no dot
      KernelShape("bwd_dqkg", (), pipelined=False),
      _TRANSITION_SCAN),

@@ -2,7 +2,7 @@
 # change the spec or the compiler and run `fla-gen build specs/kda.fla`.
 """chunk_kda: the chunked algorithm, for training and prefill.
 
-Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_chunk_kernel, kda_fwd_A_kernel, kda_fwd_solve_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_chunk_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
+Kernels: chunk_delta_channel (kda_cumsum_kernel, kda_fwd_A_chunk_kernel, kda_fwd_A_kernel, kda_fwd_solve_kernel, kda_fwd_wu_kernel, kda_fwd_h_kernel, kda_fwd_o_kernel, kda_bwd_dh_kernel, kda_bwd_dqk_kernel, kda_bwd_wy_kernel, kda_bwd_dqk_intra_kernel, kda_bwd_dqkg_kernel, kda_segment_scan_kernel).
 """
 
 import torch
@@ -276,64 +276,6 @@ def kda_fwd_A_kernel(
 
 
 @triton.jit
-def kda_bwd_dqk_intra_chunk_kernel(
-    q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, strong, cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # One program per (K tile, chunk) of a chunk with weak gates (the cumsum kernel's route, as fwd_A_chunk_kernel's):
-    # bwd_dqk_intra_kernel's parts of all the chunk's tokens at once, through the chunk's middle valid token r,
-    #   dq_i = exp(G_i - G_r) sum_j dA_ij (k_j exp(G_r - G_j)),  dk^col_j = exp(G_r - G_j) sum_i dA_ij (q_i exp(G_i - G_r)),
-    # [BT, BT] x [BT, BK] dots with every factor within exp(+-DIAG_SPAN) (j <= i, the diagonal included);
-    # M's gradient dAkk adds dk^Mrow_i (as dq, rows k) and its columns' part to dk^col (as dk^col, rows k)
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_strong = tl.zeros([], dtype=tl.int32)
-    for i_f in range(NF):
-        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
-    if n_strong > 0:
-        return
-    i_b, i_h = i_bh // H, i_bh % H
-    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    # the rows are the chunk's tokens: o_r, m_r and m_rk as bwd_dqk_intra_kernel's epilogue reads them
-    o_r = tl.arange(0, BT)
-    m_r = o_r < n_t
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    m_rk = m_r[:, None] & m_k[None, :]
-    o_x = o_r[:, None] * (H * K) + o_k[None, :]
-    i_hk = i_h // (H // HK)
-    q_c, k_c, g_c = q + (t0 * HK + i_hk) * K, k + (t0 * HK + i_hk) * K, G + (t0 * H + i_h) * K
-    ko_x = o_r[:, None] * (HK * K) + o_k[None, :]
-    i_r = (n_t - 1) // 2
-    # every |b_d| <= DIAG_SPAN here (the route)
-    b_d = tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) -
-                   tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
-    b_e, b_ei = tl.exp(b_d), tl.exp(-b_d)
-    b_kc = tl.load(k_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * b_ei
-    b_qr = tl.load(q_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * b_e
-    # dA [BT, BT] of the chunk's valid rows, j <= i; fp32 operands as in bwd_dqk_intra_kernel (tf32 on 16-bit inputs)
-    m_A = m_r[:, None] & (o_r[None, :] <= o_r[:, None])
-    o_A = (t0 * H + i_h) * BT + o_r[:, None] * (H * BT) + o_r[None, :]
-    b_dA = tl.load(dAqk + o_A, mask=m_A, other=0.)
-    b_dq = b_e * tl.dot(b_dA, b_kc, input_precision=DOT_PRECISION)
-    b_dAkk = tl.load(dAkk + o_A, mask=m_A, other=0.)
-    b_dkr = b_e * tl.dot(b_dAkk, b_kc, input_precision=DOT_PRECISION)
-    b_kr = tl.load(k_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * b_e
-    b_dkc = b_ei * (tl.dot(tl.trans(b_dA), b_qr, input_precision=DOT_PRECISION) +
-                    tl.dot(tl.trans(b_dAkk), b_kr, input_precision=DOT_PRECISION))
-    # the finished dq and dk (their other parts from bwd_dqk and bwd_wy), and dL/dG's pairwise terms, the row
-    # factors' +q dq (with dq's state part) and +k dk^Mrow, the column factors' -k dk^col, added to bwd_wy's dG
-    p_x = (t0 * H + i_h) * K + o_x
-    b_dq += tl.load(dq_part + p_x, mask=m_rk, other=0.)
-    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_rk)
-    tl.store(dk + p_x, (tl.load(dk_part + p_x, mask=m_rk, other=0.) + b_dkr + b_dkc).to(dk.dtype.element_ty), mask=m_rk)
-    b_dG = tl.load(dG + p_x, mask=m_rk, other=0.) + \
-        tl.load(q_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * b_dq + \
-        tl.load(k_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * (b_dkr - b_dkc)
-    tl.store(dG + p_x, b_dG, mask=m_rk)
-
-
-@triton.jit
 def kda_bwd_dqk_intra_kernel(
     q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, strong, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
@@ -342,14 +284,15 @@ def kda_bwd_dqk_intra_kernel(
     # one program per (K tile, BC-row sub-chunk) of a chunk: the intra-chunk parts of dq and dk of its tokens,
     # in fp32, from both pairwise products, A_qk (rows q, columns k; its gradient dAqk) and M (rows and columns
     # k; dAkk), added to the other parts: the finished dq and dk, and dL/dG's pairwise terms in dG
-    # (only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT]; bwd_dqk_intra_chunk_kernel takes
-    # the others)
+    # (with NF > 0 only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT]: bwd_dqk_intra_chunk_kernel
+    # takes the others; with NF = 0 every chunk)
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_strong = tl.zeros([], dtype=tl.int32)
-    for i_f in range(NF):
-        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
-    if n_strong == 0:
-        return
+    if NF > 0:
+        n_strong = tl.zeros([], dtype=tl.int32)
+        for i_f in range(NF):
+            n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
+        if n_strong == 0:
+            return
     i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -1649,8 +1592,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: (G, Mkk, Aqk, qg, Ai, strong), the gate's cumsum, the intra-chunk products and their chunks' routes
-            (the cumsum's): the backward reads them
+        saved: (G, Mkk, Aqk, qg, Ai), the gate's cumsum and the intra-chunk products: the backward reads them
             rather than running cumsum, fwd_A and fwd_solve again, and recomputes W, U and the chunk states. ()
             under launch.no_backward.
     """
@@ -1661,7 +1603,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
     Mkk, Aqk, qg = _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan)
     w, u, Ai, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
-    saved = (G, Mkk, Aqk, qg, Ai, strong) if launch.backward_follows() else ()
+    saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
     del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
     h, v_new, final_state, _ = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
     del w, u, kd  # read by fwd_h only: free them before o is allocated
@@ -1681,7 +1623,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     A_qk and Ai; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and
     bwd_dqkg (dg). With ``saved`` empty, cumsum, fwd_A and fwd_solve first recompute those.
 
-    Args: as chunk_fwd, plus saved (chunk_fwd's (G, Mkk, Aqk, qg, Ai, strong), or () to recompute them), do:
+    Args: as chunk_fwd, plus saved (chunk_fwd's (G, Mkk, Aqk, qg, Ai), or () to recompute them), do:
         [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state).
 
     Returns:
@@ -1695,7 +1637,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
     if saved:
-        G, Mkk, Aqk, qg, Ai, strong = saved
+        G, Mkk, Aqk, qg, Ai = saved
     else:
         G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
         Mkk, Aqk, qg = _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan)
@@ -1733,23 +1675,18 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     )
     del Ai, Mkk, dw, dv_new
 
-    # the intra-chunk gradients of A_qk (rows q, columns k) and of M (rows and columns k), whole chunks or 16-token
-    # sub-chunks as the forward's route, one launch of each for both (the column tiles are shared): added to
-    # dq_part, dk_part, they give dq and dk; dL/dG's q / k terms are added to dG in place
-    dq = launch.group_partials(q, H)
-    dk = launch.group_partials(k, H)
-    cfg = plan.config("bwd_dqk_intra_chunk")
-    kda_bwd_dqk_intra_chunk_kernel[(launch.cdiv(K, _tile(cfg.block_k, K)), NT, B * H)](
-        q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, strong, cu_seqlens, chunk_indices, T,
-        H=H, HK=HK, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    # the intra-chunk gradients of A_qk (rows q, columns k) and of M (rows and columns k), in 16-token
+    # sub-chunks on every chunk (NF = 0: no routes; the whole-chunk kernel's form for two row sets was slower), one
+    # launch for both (the column tiles are shared): added to dq_part, dk_part, they give dq and dk; dL/dG's q / k
+    # terms are added to dG in place
     BC = min(16, BT)
     cfg = plan.config("bwd_dqk_intra")
-    kda_bwd_dqk_intra_kernel[(launch.cdiv(K, _tile(cfg.block_k, K)) * launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, strong, cu_seqlens, chunk_indices, T,
-        H=H, HK=HK, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), NF=strong.shape[0],
-        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
+    BK = _tile(cfg.block_k, K)
+    dq = launch.group_partials(q, H)
+    dk = launch.group_partials(k, H)
+    kda_bwd_dqk_intra_kernel[(launch.cdiv(K, BK) * launch.cdiv(BT, BC), NT, B * H)](
+        q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, None, cu_seqlens, chunk_indices, T,
+        H=H, HK=HK, K=K, BT=BT, BC=BC, BK=BK, NF=0, IS_VARLEN=is_varlen, DOT_PRECISION=launch.dot_precision(q.dtype),
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     del dAqk, dAkk, dq_part, dk_part

@@ -19,7 +19,7 @@ def test_every_target_plans_the_per_channel_kernels():
     chunk, _ = select_algorithms(KDA)
     plans = plan_table(KDA, chunk)
     stages = {"cumsum", "fwd_A_chunk", "fwd_A", "fwd_solve", "fwd_wu", "fwd_h", "fwd_o", "bwd_dh", "bwd_dqk", "bwd_wy",
-              "bwd_dqk_intra_chunk", "bwd_dqk_intra", "bwd_dqkg", "segment_scan"}
+              "bwd_dqk_intra", "bwd_dqkg", "segment_scan"}
     # no fwd_fused: the per-channel walk is not measured, so the forward is fwd_h + fwd_o
     assert plans and all({s for s, _ in p.kernels} == stages for p in plans)
     assert all(p.chunk_size == 64 for p in plans)
