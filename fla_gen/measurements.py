@@ -82,7 +82,7 @@ SOURCES: dict[str, Source] = {
                                     "at 1 it compiles (95 registers, no spill)", ("sm100",)),
     "aot-dqk-intra-chunk-bk32": Source("rule: bwd_dqk_intra_chunk's K tiles at most 32 wide, beside the chunk's "
                                        "[BT, BT] fp32 gradient of A in registers (fla-gen aot, bf16, head dim 128: "
-                                       "96-130 registers, no spill on sm80-sm100; wider tiles not timed)"),
+                                       "120-159 registers, no spill on sm80-sm100; wider tiles not timed)"),
     "fwd-a-one-stage": Source("rule: 1 stage: fwd_A's K loop runs K / BK <= 4 steps, too short to pipeline, and "
                               "fewer stages leave room for more programs per SM"),
     "split-walk": Source("rule, at run time: a state walk's K and V tiles halve (to 32 at least) while its "
