@@ -66,6 +66,16 @@ def _kda_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS
 
 
 @triton.jit
+def _kda_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
+    """Whether the cumsum kernel flagged chunk i_t of (batch, head) i_bh on any of its NF K tiles (strong
+    [NF, BH, NT] int8): the gates move more than the dtype's factor span about the chunk's middle token."""
+    n_strong = tl.zeros([], dtype=tl.int32)
+    for i_f in range(NF):
+        n_strong += tl.load(strong + (i_f * BH + i_bh) * NT + i_t).to(tl.int32)
+    return n_strong > 0
+
+
+@triton.jit
 def kda_cumsum_kernel(
     g, G, strong, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
@@ -114,10 +124,7 @@ def kda_fwd_A_chunk_kernel(
     # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
     # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    n_strong = tl.zeros([], dtype=tl.int32)
-    for i_f in range(NF):
-        n_strong += tl.load(strong + (i_f * tl.num_programs(1) + i_bh) * tl.num_programs(0) + i_t).to(tl.int32)
-    if n_strong > 0:
+    if _kda_strong_chunk(strong, i_bh, i_t, tl.num_programs(1), tl.num_programs(0), NF):
         return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -163,10 +170,7 @@ def kda_fwd_A_kernel(
     # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A and M, all BT columns;
     # only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT] (gates fwd_A_chunk_kernel cannot take)
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_strong = tl.zeros([], dtype=tl.int32)
-    for i_f in range(NF):
-        n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
-    if n_strong == 0:
+    if not _kda_strong_chunk(strong, i_bh, i_t, tl.num_programs(2), tl.num_programs(1), NF):
         return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -288,10 +292,7 @@ def kda_bwd_dqk_intra_kernel(
     # takes the others; with NF = 0 every chunk)
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if NF > 0:
-        n_strong = tl.zeros([], dtype=tl.int32)
-        for i_f in range(NF):
-            n_strong += tl.load(strong + (i_f * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t).to(tl.int32)
-        if n_strong == 0:
+        if not _kda_strong_chunk(strong, i_bh, i_t, tl.num_programs(2), tl.num_programs(1), NF):
             return
     i_k, i_i = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
