@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.interpreter import switch_on
 from tests.support import assert_usage_error_before_cuda
@@ -46,3 +47,23 @@ def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch
     assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "1.000", "1.000 |"], lines
     assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "2.000", "0.500 |"], lines
     assert active_plan_override() is None
+
+
+def test_gate_scale_multiplies_the_per_token_log_gates_only(monkeypatch):
+    """--gate-scale reaches the strong-gate paths by scaling the per-token log gates (gla's g: logsigmoid(randn) / 16
+    by default); every other input of the same seed is unchanged."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_builds
+
+    import generated.gla as gla
+
+    base = compare_builds._inputs(gla, (1, 16, 2, 8), 3, "cpu", "float32")
+    scaled = compare_builds._inputs(gla, (1, 16, 2, 8), 3, "cpu", "float32", gate_scale=32.0)
+    names = [name for name, *_ in gla.INPUTS]
+    for name, a, b in zip(names, base, scaled, strict=True):
+        if a is None:
+            assert b is None, name
+        elif name == "g":
+            assert a.max() < 0 and bool(((32 * a - b).abs() <= 1e-5 * b.abs()).all()), name
+        else:
+            assert torch.equal(a, b), name
