@@ -104,7 +104,8 @@ def kda_cumsum_kernel(
     i_r = (n_t - 1) // 2
     b_gr = tl.sum(tl.where(o_i[:, None] == i_r, b_G, 0.), axis=0)
     b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
-    tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t, (b_span > DIAG_SPAN).to(tl.int8))
+    tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t,
+             (b_span > DIAG_SPAN).to(tl.int8))
 
 
 @triton.jit
@@ -118,8 +119,9 @@ def kda_fwd_A_chunk_kernel(
     # the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of
     # the dtype: each factor within exp(+-DIAG_SPAN), the masked-out products within exp(2 DIAG_SPAN) |q| |k| K).
     # A chunk whose gates move more (flagged by the cumsum kernel in strong [NF, B * H, NT], one row per K tile of
-    # its launch) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0 (or within the span on a diagonal block): for those every factor
-    # through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and channel).
+    # its launch) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0 (or within the span on a
+    # diagonal block): for those every factor through one token would overflow (the interpreter tests' strong gates,
+    # -5 U(0, 1) per token and channel).
     # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
     # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
     # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
