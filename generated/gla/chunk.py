@@ -64,6 +64,14 @@ def _gla_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS
 
 
 @triton.jit
+def _gla_reference_token(n_t):
+    """The token (within its chunk of n_t valid tokens) that a weak-gated chunk's factors go through: the middle
+    one, so that the gates may move DIAG_SPAN on either side. The cumsum kernel's route and the whole-chunk kernels
+    must use the same one."""
+    return (n_t - 1) // 2
+
+
+@triton.jit
 def _gla_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
     """Whether the cumsum kernel flagged chunk i_t of (batch, head) i_bh on any of its NF K tiles (strong
     [NF, BH, NT] int8): the gates move more than the dtype's factor span about the chunk's middle token."""
@@ -99,7 +107,7 @@ def gla_cumsum_kernel(
     # where G moves more than DIAG_SPAN about the chunk's middle valid token on this K tile (fwd_A_chunk_kernel
     # takes the chunks with no such tile). Deciding in fwd_A_chunk instead cost a second read of G there: KDA's
     # forward 0.749 -> 0.780 ms at 4x4096x16x128 (H200, bf16, weak gates).
-    i_r = (n_t - 1) // 2
+    i_r = _gla_reference_token(n_t)
     b_gr = tl.sum(tl.where(o_i[:, None] == i_r, b_G, 0.), axis=0)
     b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
     tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t,
@@ -179,8 +187,7 @@ def gla_fwd_A_chunk_kernel(
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
-    # the cumsum kernel's reference token
-    i_r = (n_t - 1) // 2
+    i_r = _gla_reference_token(n_t)
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -337,7 +344,7 @@ def gla_bwd_dqk_intra_chunk_kernel(
     m_rk = m_r[:, None] & m_k[None, :]
     o_x = o_r[:, None] * (H * K) + o_k[None, :]
     q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
-    i_r = (n_t - 1) // 2
+    i_r = _gla_reference_token(n_t)
     # every |b_d| <= DIAG_SPAN here (the route)
     b_d = tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) -
                    tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)

@@ -66,6 +66,14 @@ def _kda_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS
 
 
 @triton.jit
+def _kda_reference_token(n_t):
+    """The token (within its chunk of n_t valid tokens) that a weak-gated chunk's factors go through: the middle
+    one, so that the gates may move DIAG_SPAN on either side. The cumsum kernel's route and the whole-chunk kernels
+    must use the same one."""
+    return (n_t - 1) // 2
+
+
+@triton.jit
 def _kda_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
     """Whether the cumsum kernel flagged chunk i_t of (batch, head) i_bh on any of its NF K tiles (strong
     [NF, BH, NT] int8): the gates move more than the dtype's factor span about the chunk's middle token."""
@@ -101,7 +109,7 @@ def kda_cumsum_kernel(
     # where G moves more than DIAG_SPAN about the chunk's middle valid token on this K tile (fwd_A_chunk_kernel
     # takes the chunks with no such tile). Deciding in fwd_A_chunk instead cost a second read of G there: KDA's
     # forward 0.749 -> 0.780 ms at 4x4096x16x128 (H200, bf16, weak gates).
-    i_r = (n_t - 1) // 2
+    i_r = _kda_reference_token(n_t)
     b_gr = tl.sum(tl.where(o_i[:, None] == i_r, b_G, 0.), axis=0)
     b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
     tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t,
@@ -132,8 +140,7 @@ def kda_fwd_A_chunk_kernel(
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
-    # the cumsum kernel's reference token
-    i_r = (n_t - 1) // 2
+    i_r = _kda_reference_token(n_t)
     i_hk = i_h // (H // HK)
     q_c, k_c, g_c = q + (t0 * HK + i_hk) * K, k + (t0 * HK + i_hk) * K, G + (t0 * H + i_h) * K
     # qg = q exp(G) as fwd_A_kernel stores it (its comment says why here), for every chunk
@@ -1540,13 +1547,13 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H):
 
 
 def _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan):
-    """The intra-chunk products of fwd_A (16-token sub-chunks, no positive exponent), both [B, T, H, BT] (row t
-    holds the row of its chunk, zeros above the diagonal): Mkk = K K^T * Gamma in float32 (with its diagonal; fwd_wu
-    keeps the strictly lower part and applies beta, and inverts in fp32) and Aqk = scale Q K^T * Gamma,
-    Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round it to that dtype for their dots anyway.
-    One launch writes both: each program builds its column factors k_j exp(G_n - G_j) once for the two row sets
-    (two launches, rows q then rows k, rebuilt them and reloaded k and G). The same launch writes qg = q exp(G)
-    (fwd_o, bwd_dh), in fwd_wu's w layout and q's dtype.
+    """The intra-chunk products, both [B, T, H, BT] (row t holds the row of its chunk, zeros above the diagonal):
+    Mkk = K K^T * Gamma in float32 (with its diagonal; fwd_wu keeps the strictly lower part and applies beta, and
+    inverts in fp32) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round
+    it to that dtype for their dots anyway. Each chunk takes the route in strong (the cumsum's): fwd_A_chunk builds a
+    weak-gated chunk whole, fwd_A the others by 16-token sub-chunks with no positive exponent. Either launch writes
+    both products from column factors built once for the two row sets (two launches, rows q then rows k, rebuilt
+    them and reloaded k and G), and qg = q exp(G) (fwd_o, bwd_dh), in fwd_wu's w layout and q's dtype.
 
     Returns: Mkk, Aqk, qg."""
     B, T, HK, K = q.shape
