@@ -243,8 +243,10 @@ def delta_rule_fwd_wu_kernel(
     t0 = bos + i_tc * BT
     k_c = k + t0 * H * K + i_h * K
     Ai_c = Ai + t0 * H * BT + i_h * BT
-    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-    b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
+    # whole rows loaded, the lower triangle selected after (the upper one was never stored): a triangular load
+    # mask splits every row into 2-byte loads, 32 per thread at BT = 64 against 4 of 16 bytes (sm90 PTX)
+    b_Ai = tl.where(o_i[:, None] >= o_i[None, :],
+                    tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_t[:, None], other=0.), 0.)
 
     # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
     # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
@@ -486,7 +488,7 @@ def delta_rule_fwd_fused_kernel(
         if FROM_INVERSE:
             b_k = tl.load(k + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
             b_x = tl.load(v + o_tv, mask=m_tv, other=0.).to(tl.float32) - tl.dot(b_k, b_hb)
-            b_Ai = tl.load(Ai + (t0 + o_i[:, None]) * H * BT + i_h * BT + o_i[None, :], mask=m_A & m_t[:, None], other=0.)
+            b_Ai = tl.where(m_A, tl.load(Ai + (t0 + o_i[:, None]) * H * BT + i_h * BT + o_i[None, :], mask=m_t[:, None], other=0.), 0.)
             b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
             b_vn = tl.dot((b_Ai * b_beta[None, :]).to(k.dtype.element_ty), b_x.to(k.dtype.element_ty))
             # k's tile transposed in registers rather than loaded again: a second pipelined [BT, K] buffer took
@@ -891,11 +893,10 @@ def delta_rule_bwd_wy_kernel(
     Ai_c = Ai + t0 * H * BT + i_h * BT
     m_A = o_i[:, None] >= o_i[None, :]
     m_AT = o_i[:, None] <= o_i[None, :]
-    # Ai (lower triangle) and Ai^T (loaded transposed); loaded again at each use to keep them short-lived
+    # Ai (lower triangle) and Ai^T (loaded transposed); loaded again at each use to keep them short-lived, as whole
+    # rows with the triangle selected after (fwd_wu says why)
     p_Ai = Ai_c + o_i[:, None] * (H * BT) + o_i[None, :]
     p_AiT = Ai_c + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_Ai = m_A & m_t[:, None]
-    m_AiT = m_AT & m_t[None, :]
     b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
 
     # 1. through W
@@ -915,7 +916,7 @@ def delta_rule_bwd_wy_kernel(
 
     # 2. through U
     b_db = tl.zeros([BT], dtype=tl.float32)
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -935,8 +936,8 @@ def delta_rule_bwd_wy_kernel(
     #    dAi^T) can reach A.
     b_dAi = tl.where(m_A, b_dAi * b_beta[None, :], 0.).to(k.dtype.element_ty)
     b_dAiT = tl.where(m_AT, b_dAiT * b_beta[:, None], 0.).to(k.dtype.element_ty)
-    b_Ai = tl.load(p_Ai, mask=m_Ai, other=0.)
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_Ai = tl.where(m_A, tl.load(p_Ai, mask=m_t[:, None], other=0.), 0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     b_dA = tl.dot(tl.dot(b_AiT, b_dAi).to(k.dtype.element_ty), b_AiT)
     b_dAT = tl.dot(tl.dot(b_Ai, b_dAiT).to(k.dtype.element_ty), b_Ai)
     m_s = o_i[:, None] > o_i[None, :]
@@ -947,7 +948,7 @@ def delta_rule_bwd_wy_kernel(
     b_MT = b_MT.to(k.dtype.element_ty)
 
     # 4. dk, and the K-side parts of dbeta
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K

@@ -350,8 +350,10 @@ def gla_bwd_dqk_intra_chunk_kernel(
                    tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
     b_e, b_ei = tl.exp(b_d), tl.exp(-b_d)
     # dA [BT, BT] of the chunk's valid rows, j <= i; fp32 operands as in bwd_dqk_intra_kernel (tf32 on 16-bit inputs)
-    m_A = m_r[:, None] & (o_r[None, :] <= o_r[:, None])
-    b_dA = tl.load(dA + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT) + o_r[None, :], mask=m_A, other=0.)
+    # whole rows loaded, the triangle selected after: a triangular load mask splits the rows into 4-byte loads
+    b_dA = tl.where(o_r[None, :] <= o_r[:, None],
+                    tl.load(dA + (t0 * H + i_h) * BT + o_r[:, None] * (H * BT) + o_r[None, :], mask=m_r[:, None],
+                            other=0.), 0.)
     b_dq = b_e * tl.dot(b_dA, tl.load(k_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_ei,
                         input_precision=DOT_PRECISION)
     b_dkc = b_ei * tl.dot(tl.trans(b_dA), tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32) * b_e,
@@ -519,9 +521,10 @@ def gla_bwd_dv_kernel(
     p_y = (t0 * H + i_h) * V
     p_A = (t0 * H + i_h) * BT
     dh_c = dh + (i_hc * H + i_h) * K * V
-    # A^T [j, i], read transposed; only its causal triangle (i >= j) of valid rows i was written
-    b_At = tl.load(A + p_A + o_i[None, :] * (H * BT) + o_i[:, None],
-                   mask=m_i[None, :] & (o_i[None, :] >= o_i[:, None]), other=0.)
+    # A^T [j, i], read transposed, masked by its columns (the valid rows i) only and the causal triangle (i >= j)
+    # selected after: a triangular load mask splits the loads into 2-byte ones
+    b_At = tl.where(o_i[None, :] >= o_i[:, None],
+                    tl.load(A + p_A + o_i[None, :] * (H * BT) + o_i[:, None], mask=m_i[None, :], other=0.), 0.)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -606,8 +609,11 @@ def gla_bwd_dqk_intra_kernel(
         b_kg = (tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) *
                 tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
         o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
-        m_dA = m_r[:, None] & (o_b[None, :] <= o_r[:, None])
-        b_dq += tl.dot(tl.load(dA_c + o_dA, mask=m_dA, other=0.), b_kg, input_precision=DOT_PRECISION)
+        # whole rows loaded, the diagonal block's triangle selected after (a triangular load mask splits the rows
+        # into 4-byte loads)
+        m_dA = o_b[None, :] <= o_r[:, None]
+        b_dq += tl.dot(tl.where(m_dA, tl.load(dA_c + o_dA, mask=m_r[:, None], other=0.), 0.), b_kg,
+                       input_precision=DOT_PRECISION)
     b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
     b_dq = b_dq * b_egn
 
@@ -622,10 +628,12 @@ def gla_bwd_dqk_intra_kernel(
         o_xa = o_a[:, None] * (H * K) + o_k[None, :]
         b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
         b_qg = (tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
-        # dA^T [BC, BC], read transposed through the offsets
+        # dA^T [BC, BC], read transposed through the offsets: masked by its columns (the rows a) only, which keeps
+        # the loads along the contiguous dim whole, and the rest selected after
         o_dAt = o_a[None, :] * (H * BT) + o_r[:, None]
-        m_dAt = m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None])
-        b_dkc += tl.dot(tl.load(dA_c + o_dAt, mask=m_dAt, other=0.), b_qg, input_precision=DOT_PRECISION)
+        m_dAt = m_r[:, None] & (o_a[None, :] >= o_r[:, None])
+        b_dkc += tl.dot(tl.where(m_dAt, tl.load(dA_c + o_dAt, mask=m_a[None, :], other=0.), 0.), b_qg,
+                        input_precision=DOT_PRECISION)
     b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):

@@ -354,9 +354,13 @@ def kda_bwd_dqk_intra_kernel(
         b_kg = (tl.load(k_c + ko_xb, mask=m_bk, other=0.).to(tl.float32) *
                 tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
         o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
-        m_dA = m_r[:, None] & (o_b[None, :] <= o_r[:, None])
-        b_dq += tl.dot(tl.load(dAqk_c + o_dA, mask=m_dA, other=0.), b_kg, input_precision=DOT_PRECISION)
-        b_dkr += tl.dot(tl.load(dAkk_c + o_dA, mask=m_dA, other=0.), b_kg, input_precision=DOT_PRECISION)
+        # whole rows loaded, the diagonal block's triangle selected after (a triangular load mask splits the rows
+        # into 4-byte loads)
+        m_dA = o_b[None, :] <= o_r[:, None]
+        b_dq += tl.dot(tl.where(m_dA, tl.load(dAqk_c + o_dA, mask=m_r[:, None], other=0.), 0.), b_kg,
+                       input_precision=DOT_PRECISION)
+        b_dkr += tl.dot(tl.where(m_dA, tl.load(dAkk_c + o_dA, mask=m_r[:, None], other=0.), 0.), b_kg,
+                        input_precision=DOT_PRECISION)
     b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
     b_dq = b_dq * b_egn
     b_dkr = b_dkr * b_egn
@@ -376,11 +380,14 @@ def kda_bwd_dqk_intra_kernel(
         b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
         b_qg = (tl.load(q_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
         b_kg = (tl.load(k_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
-        # dA^T [BC, BC], read transposed through the offsets
+        # dA^T [BC, BC], read transposed through the offsets: masked by its columns (the rows a) only, which keeps
+        # the loads along the contiguous dim whole, and the rest selected after
         o_dAt = o_a[None, :] * (H * BT) + o_r[:, None]
-        m_dAt = m_r[:, None] & m_a[None, :] & (o_a[None, :] >= o_r[:, None])
-        b_dkc += tl.dot(tl.load(dAqk_c + o_dAt, mask=m_dAt, other=0.), b_qg, input_precision=DOT_PRECISION)
-        b_dkc += tl.dot(tl.load(dAkk_c + o_dAt, mask=m_dAt, other=0.), b_kg, input_precision=DOT_PRECISION)
+        m_dAt = m_r[:, None] & (o_a[None, :] >= o_r[:, None])
+        b_dkc += tl.dot(tl.where(m_dAt, tl.load(dAqk_c + o_dAt, mask=m_a[None, :], other=0.), 0.), b_qg,
+                        input_precision=DOT_PRECISION)
+        b_dkc += tl.dot(tl.where(m_dAt, tl.load(dAkk_c + o_dAt, mask=m_a[None, :], other=0.), 0.), b_kg,
+                        input_precision=DOT_PRECISION)
     b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
@@ -621,8 +628,10 @@ def kda_fwd_wu_kernel(
     i_hk = i_h // (H // HK)
     i_wg = (i_b * (H // HK - 1) + i_h % (H // HK)).to(tl.int64) * T
     Ai_c = Ai + t0 * H * BT + i_h * BT
-    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-    b_Ai = tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_A, other=0.)
+    # whole rows loaded, the lower triangle selected after (the upper one was never stored): a triangular load
+    # mask splits every row into 2-byte loads, 32 per thread at BT = 64 against 4 of 16 bytes (sm90 PTX)
+    b_Ai = tl.where(o_i[:, None] >= o_i[None, :],
+                    tl.load(Ai_c + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_t[:, None], other=0.), 0.)
 
     # W = Ai diag(beta) K and U = Ai diag(beta) V: the diagonal scalings go on the columns of Ai
     # (two [BT, BT] products) rather than on every K / V tile, which then feed the dots untouched.
@@ -1157,9 +1166,10 @@ def kda_bwd_wy_kernel(
     i_hk = i_h // (H // HK)
     o_tA = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
     m_A = o_i[:, None] >= o_i[None, :]
-    # Ai (lower triangle) and Ai^T (loaded transposed); loaded again at each use to keep them short-lived
+    # Ai (lower triangle) and Ai^T (loaded transposed); loaded again at each use to keep them short-lived, as whole
+    # rows with the triangle selected after (fwd_wu says why)
     p_AiT = Ai + t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_AiT = (o_i[:, None] <= o_i[None, :]) & m_t[None, :]
+    m_AT = o_i[:, None] <= o_i[None, :]
     b_beta = tl.load(beta + (t0 + o_i) * H + i_h, mask=m_t, other=0.).to(tl.float32)
 
     # 1. through W
@@ -1177,7 +1187,7 @@ def kda_bwd_wy_kernel(
 
     # 2. through U
     b_db = tl.zeros([BT], dtype=tl.float32)
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -1193,15 +1203,15 @@ def kda_bwd_wy_kernel(
 
     # 3. through the inverse (Ai is lower triangular: only the lower triangle of dAi reaches A)
     b_dAi = tl.where(m_A, b_dAi * b_beta[None, :], 0.).to(k.dtype.element_ty)
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     b_dA = -tl.dot(tl.dot(b_AiT, b_dAi).to(k.dtype.element_ty), b_AiT)
     m_s = (o_i[:, None] > o_i[None, :]) & m_t[:, None]
     b_dA = tl.where(m_s, b_dA, 0.)
-    b_db += tl.sum(b_dA * tl.load(Mkk + o_tA, mask=m_s, other=0.), axis=1)
+    b_db += tl.sum(tl.where(m_s, b_dA * tl.load(Mkk + o_tA, mask=m_t[:, None], other=0.), 0.), axis=1)
     tl.store(dA + o_tA, b_dA * b_beta[:, None], mask=m_t[:, None])
 
     # 4. dk through W, and the W / state parts of dL/dG
-    b_AiT = tl.load(p_AiT, mask=m_AiT, other=0.)
+    b_AiT = tl.where(m_AT, tl.load(p_AiT, mask=m_t[None, :], other=0.), 0.)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
