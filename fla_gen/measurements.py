@@ -162,6 +162,17 @@ SOURCES: dict[str, Source] = {
         "(compare_builds.py --variants, 3 alternating rounds, forward without autograd), the rule's 3 stages "
         "against 2: KDA 0.750 against 0.765 ms, GLA 0.454 against 0.461",
         _H100),
+    "h200-delta-channel-wu-bk32": Source(
+        "the per-channel delta rule's (KDA's) fwd_wu on 32-wide K tiles (122 registers on sm90, fla-gen aot, against "
+        "226 at 64: four programs per SM instead of two; Nsight Compute had the 64-wide kernel latency-bound, 2.81 "
+        "TB/s, DRAM 58%) and its fwd_h on 64-wide V tiles at 3 stages (the walk's grid 128 programs at "
+        "4x4096x16x128 against 256), compare_builds.py --variants, 3 alternating rounds in one process, H200, bf16, "
+        "forward without autograd, 4x4096x16x128: the plan 0.746 ms, fwd_wu at BK 32 0.710 (worst round 1.048x), "
+        "2 stages 0.725; with fwd_h at BV 64 and 3 stages as well 0.699 (1.064x), forward+backward 3.028 -> 2.981. "
+        "fwd_h alone at BV 64: 0.733-0.754 against 0.745-0.765 over two runs; fwd_wu on 8 warps, at 2 stages, or as "
+        "two programs per chunk (W and U apart) was slower. The gated delta rule's fwd_wu at BK 32 was slower "
+        "(0.644 against 0.633 ms, Qwen3-Next's 4x4096, H = 16, HV = 32)",
+        _H100),
     "h200-gla-fwd-a-tiles": Source(
         "the per-channel gated op's fwd_A on its column blocks (one [BK, 16] tile per earlier sub-chunk), the real "
         "op through plan overrides, forward without autograd, 3 alternating rounds in one process, H200, bf16, "
