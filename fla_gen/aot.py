@@ -455,6 +455,19 @@ def uses_wgmma(ttgir: str, ptx: str = "") -> bool:
     return "ttng.warp_group_dot" in ttgir or "wgmma.mma_async" in ptx
 
 
+# A non-vector global load of one or two bytes: what a 16-bit tile's load becomes when its mask varies along the
+# contiguous dim (docs/design.md, "Kernel conventions: triangular tiles load whole rows").
+_NARROW_LOAD = re.compile(r"\bld\.global\S*?\.[bsu](?:8|16)\s")
+
+
+def narrow_global_loads(ptx: str) -> int:
+    """How many one- or two-byte global loads (not vectors) the PTX issues, counted statically (each load
+    instruction once, loops not unrolled): per-element loads of 16-bit tiles, a sign of a load mask that
+    breaks the tile's rows (a [64, 64] tile under a triangular mask on 4 warps: 32 per thread)."""
+    return sum(1 for line in ptx.splitlines() if ".v2." not in line and ".v4." not in line
+               and _NARROW_LOAD.search(line))
+
+
 def uses_tcgen05(ttgir: str) -> bool:
     """Whether the kernel issues Blackwell ``tcgen05`` MMAs (``ttng.tc_gen5_mma``)."""
     return "ttng.tc_gen5_mma" in ttgir
@@ -508,6 +521,7 @@ class CompiledKernelReport:
     registers: int | None = None
     spill_stores: int | None = None
     spill_loads: int | None = None
+    narrow_loads: int = 0
     ttgir: str = ""
 
     @property
@@ -543,6 +557,7 @@ def compile_launch(launch: KernelLaunch, cap: int) -> CompiledKernelReport:
         registers=usage.registers,
         spill_stores=usage.spill_stores,
         spill_loads=usage.spill_loads,
+        narrow_loads=narrow_global_loads(ptx),
         ttgir=ttgir,
     )
 

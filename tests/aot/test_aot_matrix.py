@@ -88,3 +88,23 @@ def test_sm90_matrix_kernels_use_wgmma(aot_reports):
                     assert (matrix_stages[stage], stage) in NARROW_TUNED_SM90, f"{r['kernel']}: {r['num_warps']} warps"
                 else:
                     assert r["uses_wgmma"], f"{r['kernel']} on sm90 does not use wgmma"
+
+
+# The chunk stages that load a [BT, BT] tile (the inverse Ai, A or dA, some of them triangular). A load mask that
+# varies along the tile's contiguous dim splits it into per-element loads: 32 narrow loads per thread for one
+# [64, 64] 16-bit tile on 4 warps (docs/design.md, "Kernel conventions: triangular tiles load whole rows"); the
+# per-token vectors these kernels gather (beta, gates) account for the rest, 18 at most (bwd_wy).
+SQUARE_TILE_STAGES = ("fwd_wu", "fwd_fused", "fwd_o", "bwd_wy", "bwd_dv", "bwd_dqk_intra", "bwd_dqk_intra_chunk")
+
+
+def test_sm90_square_tiles_load_whole_rows(aot_reports):
+    _, rows = aot_reports
+    checked = 0
+    for spec in SPECS:
+        op = recurrence(spec.stem).spec.op
+        for r in rows:
+            stage = r["kernel"].removeprefix(f"{op}_").removesuffix("_kernel")
+            if r["op"] == op and r["cap"] == 90 and stage in SQUARE_TILE_STAGES:
+                checked += 1
+                assert r["narrow_loads"] < 32, f"{r['launch']}: {r['narrow_loads']} one- or two-byte global loads"
+    assert checked > 20
