@@ -67,3 +67,51 @@ def test_gate_scale_multiplies_the_per_token_log_gates_only(monkeypatch):
             assert a.max() < 0 and bool(((32 * a - b).abs() <= 1e-5 * b.abs()).all()), name
         else:
             assert torch.equal(a, b), name
+
+
+def _doubled_under_override(monkeypatch, compare_builds, fail: bool):
+    """compare_builds' op lookup wrapped so that linear_attn's chunk op doubles its output (or raises) while a plan
+    override is active: a stand-in for a variant that miscompiles."""
+    from fla_gen.runtime.dispatch import active_plan_override
+
+    real = compare_builds._chunk_op
+
+    def chunk_op(op):
+        pkg, fn = real(op)
+
+        def wrapped(*args):
+            o, ht = fn(*args)
+            if active_plan_override() is None:
+                return o, ht
+            if fail:
+                raise ValueError("stand-in device fault")
+            return o * 2, ht
+        return pkg, wrapped
+
+    monkeypatch.setattr(compare_builds, "_chunk_op", chunk_op)
+
+
+def test_a_variant_that_computes_something_else_is_marked(monkeypatch):
+    switch_on()
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_builds
+
+    _doubled_under_override(monkeypatch, compare_builds, fail=False)
+    lines = compare_builds.time_variants(["linear_attn"], [(1, 32, 1, 16)], [{"fwd_fused": {"num_warps": 8}}],
+                                         rounds=1, seed=0, device="cpu", dtype="float32",
+                                         do_bench=lambda fn, **_kw: fn() or 1.0)
+    assert lines[2].split(" | ")[3] == "0.0e+00", lines
+    assert lines[3].split(" | ")[3] == "1.0e+00 **differs from the plan**", lines
+
+
+def test_a_variant_that_fails_is_named(monkeypatch):
+    switch_on()
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_builds
+
+    _doubled_under_override(monkeypatch, compare_builds, fail=True)
+    with pytest.raises(RuntimeError, match=r'linear_attn at 1x32x1x16: \{"fwd_fused":\{"num_warps":8\}\} failed: '
+                                           r"ValueError: stand-in device fault"):
+        compare_builds.time_variants(["linear_attn"], [(1, 32, 1, 16)], [{"fwd_fused": {"num_warps": 8}}],
+                                     rounds=1, seed=0, device="cpu", dtype="float32",
+                                     do_bench=lambda fn, **_kw: fn() or 1.0)
