@@ -388,7 +388,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
             bad += bool(entry.problems)
             print(f"{entry.op:<12} {entry.variant:<10} sm{r.cap:<4} {r.kernel:<40} "
                   f"smem {r.shared_bytes // 1024:>4} KB  regs {r.registers}  spills {r.spill_stores}  "
-                  f"{'wgmma' if r.uses_wgmma else '':<5}  {status}")
+                  f"narrow {r.narrow_loads:<3}  {'wgmma' if r.uses_wgmma else '':<5}  {status}")
             rows.append({"op": entry.op, "variant": entry.variant, "kernel": r.kernel, "launch": r.launch, "cap": r.cap,
                          "shared_bytes": r.shared_bytes, "registers": r.registers, "spill_stores": r.spill_stores,
                          "uses_wgmma": r.uses_wgmma, "num_warps": r.num_warps, "num_stages": r.num_stages,
@@ -469,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
         "aot", help="compile every generated kernel for real GPU targets, without a GPU",
         description="Capture the kernel launches of generated/<op> (chunk and fused_recurrent, forward and "
                     "backward, dense and varlen) with each target's plan, compile them with triton.compile for "
-                    "that target, and check shared memory and MMA->MMA layout conversions.",
+                    "that target, and check shared memory and MMA->MMA layout conversions. Each row shows the "
+                    "kernel's shared memory, registers, spilled bytes, its one- and two-byte global loads "
+                    "(narrow; many: a 16-bit tile loaded element by element) and whether it uses wgmma.",
     )
     aot.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (.fla) whose generated ops to compile")
     aot.add_argument("--all", action="store_true", help="every spec in specs/")
