@@ -56,12 +56,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _call_shape(text: str) -> tuple[int, int, int]:
-    """'1x16384x16' -> (B, T, H), each a positive int."""
+def _call_shape(text: str) -> tuple[int, int, int, int]:
+    """'1x16384x16' -> (B, T, H, HV = H); '4x4096x16x32' -> (B, T, H, HV), HV a multiple of H."""
     parts = text.lower().split("x")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"{text!r} is not BxTxH (e.g. 1x16384x16)")
-    return tuple(_positive_int(p) for p in parts)
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BxTxH or BxTxHxHV (e.g. 1x16384x16, 4x4096x16x32)")
+    B, T, H, *HV = (_positive_int(p) for p in parts)
+    HV = HV[0] if HV else H
+    if HV % H:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value heads HV={HV} are not a multiple of the key heads H={H}")
+    return B, T, H, HV
 
 
 def _display_name(path: Path) -> str:
@@ -229,14 +233,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> None:
-    """The run-time choices of the chunk launchers for one dense call (``plan --call BxTxH``): the sequence
-    split, the state walk's tiles and whether the forward runs as one fused walk."""
+    """The run-time choices of the chunk launchers for one dense call (``plan --call BxTxH[xHV]``): the sequence
+    split, the state walk's tiles and whether the forward runs as one fused walk, and how."""
     from fla_gen.runtime import launch, segments
 
-    B, T, H = args.call
+    B, T, HK, H = args.call  # the state walks run over the value heads
     V = K = args.head_dim
     nt = launch.cdiv(T, plan.chunk_size)
-    print(f"\nat run time, q [{B}, {T}, {H}, {K}] on {sms} SMs ({algo.name}):")
+    grouped = f", v [{B}, {T}, {H}, {V}]" if H != HK else ""
+    print(f"\nat run time, q [{B}, {T}, {HK}, {K}]{grouped} on {sms} SMs ({algo.name}):")
     walks = B * H
     if algo.splits_sequences:
         rule = algo.segment_rule
@@ -260,7 +265,11 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
     if "fwd_fused" in stages:
         c = stages["fwd_fused"]
         bv = launch.fused_walk_block_v(launch.dot_tile(c.block_v, V), V, walks, sms, c.min_sm_share)
-        print("  fwd_fused    " + (f"taken, BV={bv}: {launch.cdiv(V, bv) * walks} programs" if bv else
+        how = ""
+        if c.reads_inverse:
+            how = ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else
+                   f"; W and U from fwd_wu (the inverse from {c.inverse_min_group} value heads per key head)")
+        print("  fwd_fused    " + (f"taken, BV={bv}: {launch.cdiv(V, bv) * walks} programs{how}" if bv else
                                    "not taken: fwd_h + fwd_o"))
 
 
@@ -434,9 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--arch", default="sm90", choices=ARCH_CHOICES, help="target GPU arch (default sm90)")
     plan.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="input dtype (default bf16)")
     plan.add_argument("--head-dim", type=_positive_int, default=128, metavar="D", help="head dim K = V (default 128)")
-    plan.add_argument("--call", type=_call_shape, metavar="BxTxH",
-                      help="also print the launchers' run-time choices for a dense call of q [B, T, H, head dim]: "
-                           "the sequence split, the state walk's tiles, the fused forward walk")
+    plan.add_argument("--call", type=_call_shape, metavar="BxTxH[xHV]",
+                      help="also print the launchers' run-time choices for a dense call of q [B, T, H, head dim] "
+                           "(and v [B, T, HV, head dim] with grouped value heads): the sequence split, the state "
+                           "walk's tiles, the fused forward walk")
     plan.add_argument("--sms", type=_positive_int, default=None, metavar="N",
                       help="SM count for --call (default: the arch's usual GPU: 108 sm80, 84 sm86, 142 sm89, "
                            "132 sm90, 148 sm100)")

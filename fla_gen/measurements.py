@@ -284,6 +284,16 @@ SOURCES: dict[str, Source] = {
         "forward+backward 1.676 -> 1.636 and 1.366 -> 1.324; at head dim 128 slower: the gated 0.379 -> 0.398 ms "
         "at 4x4096x16x128 and 0.740 -> 0.792 with HV=32, the delta rule 0.306 -> 0.399 (0.357 on [128, 32] tiles "
         "at 2 stages), so the walk reads W and U there", _H100),
+    "h200-gated-delta-walk-inverse-128": Source(
+        "the gated delta rule's walk from the inverse at head dim 128, measured again once the walk loaded the "
+        "inverse as whole rows: compare_builds.py --variants, bf16, 3 alternating rounds, forward ms, W and U -> "
+        "inverse: with grouped value heads (HV = 2H) faster at every batch, 2x4096x16x128 HV=32 0.329 -> 0.319, "
+        "4x4096 0.628 -> 0.616, 8x4096 1.236 -> 1.210 (Qwen3-Next's call with l2norm 0.697 -> 0.684, "
+        "real_models.py); with HV = H slower at every batch, 4x4096x16x128 0.322 -> 0.330, 8x2048 0.326 -> 0.330, "
+        "16x2048 0.629 -> 0.635, so not a matter of program count: the inverse path reads k, which a group's value "
+        "heads share, where W is one per value head. Forward+backward within 1% either way. The ungated delta rule "
+        "at 128 was mixed (4x4096 0.245 -> 0.238, 8x2048x32 0.472 -> 0.463, 2x4096 0.190 -> 0.211) and keeps W "
+        "and U", _H100),
     "h100-fused-walk-gla": Source(
         "the per-channel gated op's forward as one walk (every V-block program rebuilds q exp(G) and k exp(G_L "
         "- G)): faster only at "

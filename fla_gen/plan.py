@@ -516,14 +516,14 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 
 def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[str], why: str,
-            min_sm_share: float | None = 0.0, reads_inverse: bool = False) -> LaunchConfig:
+            min_sm_share: float | None = 0.0, reads_inverse: bool = False, inverse_min_group: int = 1) -> LaunchConfig:
     """A LaunchConfig whose source is ``sources`` (ids, duplicates dropped) and whose reason is ``why`` followed
     by the prose of every id that is not a plain rule of this module (a measurement or a compile-time check)."""
     ids = [i for i in dict.fromkeys(sources) if i]
     cited = [i for i in ids if not SOURCES[i].text.startswith("rule")]
     reason = f"{why}; {explain(','.join(cited))}" if cited else why
     return LaunchConfig(block_k, block_v, warps, stages, reason, min_sm_share=min_sm_share, source=",".join(ids),
-                        reads_inverse=reads_inverse)
+                        reads_inverse=reads_inverse, inverse_min_group=inverse_min_group)
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
@@ -654,14 +654,17 @@ def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: Ker
         fit = _most_stages_that_fit(shape, sizes, elem, walk.num_stages, budget)
         if fit >= 2:
             used = _smem_bytes(shape, sizes, elem, fit)
-            inverse = ("; v_new from fwd_solve's inverse in the walk (no fwd_wu in the forward)"
+            grouped = (f" where each key head serves {walk.inverse_min_group} or more value heads, else from "
+                       f"fwd_wu's W and U" if walk.inverse_min_group > 1 else "")
+            inverse = (f"; v_new from fwd_solve's inverse in the walk (no fwd_wu in the forward){grouped}"
                        if walk.inverse_source else "")
             return _config(head_dim, bv, walk.num_warps, fit, ["fused-walk", walk.source, walk.inverse_source],
                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {walk.num_warps} warps, {fit} "
                            f"stages (~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
                            f"{'with' if gated else 'without'} a gate; taken while its V / BV * N*H programs reach "
                            f"{walk.min_sm_share}x the GPU's SMs (launch.fused_walk_block_v), else fwd_h + fwd_o"
-                           f"{inverse}", min_sm_share=walk.min_sm_share, reads_inverse=bool(walk.inverse_source))
+                           f"{inverse}", min_sm_share=walk.min_sm_share, reads_inverse=bool(walk.inverse_source),
+                           inverse_min_group=walk.inverse_min_group)
         bv //= 2
     return _never_launched(head_dim, "fused-walk-no-fit", f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s "
                                                           f"shared memory in {dtype}")

@@ -79,6 +79,8 @@ class FusedWalk:
     # The measurement behind a delta-family walk that builds v_new from the chunks' inverses
     # (LaunchConfig.reads_inverse); empty: the walk reads fwd_wu's W and U.
     inverse_source: str = ""
+    # The group size (value heads per key head, HV / H) from which the walk reads the inverse; below it, W and U.
+    inverse_min_group: int = 1
 
 
 def _never(source: str) -> FusedWalk:
@@ -98,7 +100,8 @@ FUSED_WALK: dict[str, dict[tuple[str, bool, int], FusedWalk]] = {
         ("chunk_delta", False, 128): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta"),
         ("chunk_delta", False, 256): FusedWalk(32, 4, 2, 0.45, "h100-fused-walk-delta"),
         ("chunk_delta", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-delta", "h200-delta-walk-inverse"),
-        ("chunk_delta", True, 128): FusedWalk(32, 4, 2, 1.9, "h100-fused-walk-delta"),
+        ("chunk_delta", True, 128): FusedWalk(32, 4, 2, 1.9, "h100-fused-walk-delta",
+                                              "h200-gated-delta-walk-inverse-128", inverse_min_group=2),
         ("chunk_delta", True, 256): _never("h100-fused-walk-delta"),
         ("chunk_channel_gate", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-gla"),
         ("chunk_channel_gate", True, 128): _never("h100-fused-walk-gla"),

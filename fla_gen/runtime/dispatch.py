@@ -68,7 +68,7 @@ def select_plan(plans: dict[tuple[str, str, int], Plan], device: torch.device, d
 # ----------------------------------------------------------------------------- experiments
 
 # The LaunchConfig fields an experiment may change; the chunk size and the reasons stay the planner's.
-OVERRIDE_FIELDS = ("block_k", "block_v", "num_warps", "num_stages", "reads_inverse")
+OVERRIDE_FIELDS = ("block_k", "block_v", "num_warps", "num_stages", "reads_inverse", "inverse_min_group")
 OVERRIDE_ENV = "FLA_GEN_PLAN_OVERRIDE"
 
 _override: dict[str, dict[str, int]] | None = None
@@ -77,7 +77,8 @@ _env_cache: tuple[str, dict[str, dict[str, int]]] | None = None
 
 def parse_plan_override(overrides: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     """Check ``{stage: {field: value}}`` (fields from OVERRIDE_FIELDS: positive ints, tiles powers of two >= 16;
-    reads_inverse a bool) and return a plain copy; ValueError names the bad stage or field."""
+    reads_inverse a bool) and return a plain copy; ValueError names the bad stage or field. reads_inverse without
+    inverse_min_group means it at every group size (inverse_min_group 1)."""
     if not isinstance(overrides, Mapping):
         raise ValueError(f"plan override: expected {{stage: {{field: value}}}}, got {type(overrides).__name__}")
     out: dict[str, dict[str, int]] = {}
@@ -99,6 +100,8 @@ def parse_plan_override(overrides: Mapping[str, Mapping[str, int]]) -> dict[str,
                 raise ValueError(f"plan override of kernel {stage!r}: {name} must be a power of two >= 16 "
                                  f"(tl.dot tiles), got {value}")
         out[str(stage)] = dict(fields)
+        if "reads_inverse" in fields and "inverse_min_group" not in fields:
+            out[str(stage)]["inverse_min_group"] = 1
     return out
 
 

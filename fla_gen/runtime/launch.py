@@ -153,6 +153,14 @@ def fused_walk_block_v(block_v: int, V: int, walks: int, sms: int, min_sm_share:
     return BV if cdiv(V, BV) * walks >= min_sm_share * sms else 0
 
 
+def walk_reads_inverse(cfg: LaunchConfig, group: int) -> bool:
+    """Whether the delta family's fwd_fused builds v_new from fwd_solve's inverse (and fwd_wu does not run in the
+    forward) at a call whose key heads each serve ``group`` value heads (HV / H; 1 ungrouped): the plan's
+    reads_inverse from its inverse_min_group on. The inverse path reads k, which a group's value heads share,
+    where the other reads a W per value head: measured, it gains most with grouped heads."""
+    return cfg.reads_inverse and group >= cfg.inverse_min_group
+
+
 # The kernels of the forward that fwd_fused replaces.
 SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 

@@ -44,8 +44,10 @@ class LaunchConfig:
     min_sm_share: float | None = 0.0
     source: str = ""
     # For the delta family's fwd_fused: the walk builds v_new from fwd_solve's inverse, (Ai diag(beta)) (v - k h),
-    # rather than reading the W and U of fwd_wu, which then does not run in the forward.
+    # rather than reading the W and U of fwd_wu, which then does not run in the forward; only at calls whose key
+    # heads each serve at least inverse_min_group value heads (launch.walk_reads_inverse).
     reads_inverse: bool = False
+    inverse_min_group: int = 1
 
 
 @dataclass(frozen=True)

@@ -1386,8 +1386,8 @@ def _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chun
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked forward of the gated delta rule: fwd_solve and fwd_wu, then fwd_fused (the state
     walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o. Where the plan's
-    fwd_fused reads_inverse, a walk over whole sequences builds v_new from fwd_solve's inverse and fwd_wu does not
-    run.
+    fwd_fused reads_inverse (at the call's group size, launch.walk_reads_inverse), a walk over whole sequences builds
+    v_new from fwd_solve's inverse and fwd_wu does not run.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t.
 
@@ -1419,7 +1419,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     NT = launch.num_chunks(T, BT, chunk_indices)
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
-    reads_inverse = BV and segments is None and plan.config("fwd_fused").reads_inverse
+    reads_inverse = BV and segments is None and launch.walk_reads_inverse(plan.config("fwd_fused"), 1)
     if reads_inverse:
         # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
         w = u = None

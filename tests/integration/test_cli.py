@@ -64,7 +64,11 @@ def test_plan_rejects_unknown_arch():
     # 1x8192: 8 segments would be too short
     ("gated_delta_rule", "1x8192x16", ["not split", "too short"]),
     # 64 walks: whole; the whole-K walk halves V only, while its programs fill at most half the SMs
-    ("gated_delta_rule", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_h        [128, 64] tiles"]),
+    ("gated_delta_rule", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_h        [128, 64] tiles",
+                                       "256 programs; W and U from fwd_wu"]),
+    # Qwen3-Next's grouped value heads: the walks run over the 32 value heads, and the walk reads the inverse
+    ("gated_delta_rule", "4x4096x16x32", ["v [4, 4096, 32, 128]", "not split: 128 (sequence, head) walks",
+                                          "512 programs; v_new from fwd_solve's inverse, no fwd_wu"]),
     # DPLR's rule: two (segment, head) walks per SM, 16 segments of 64 of its 16-token chunks; 64 walks: whole
     ("rwkv7", "1x16384x16", ["split into segments of 64 chunks", "16 segments of 1024 tokens"]),
     ("dplr", "4x4096x16", ["not split: 64 (sequence, head) walks"]),
@@ -77,7 +81,7 @@ def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
         assert text in out, (text, out[-1500:])
 
 
-@pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"]])
+@pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"], ["--call", "1x64x16x24"]])
 def test_plan_call_misuse_is_a_usage_error(args):
     proc = fla_gen("plan", "specs/gla.fla", *args)
     assert proc.returncode == 3 and "--call" in proc.stderr and "Traceback" not in proc.stderr

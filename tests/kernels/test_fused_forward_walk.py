@@ -210,14 +210,39 @@ def test_delta_walk_reads_w_u_or_the_inverse(launched, package, cu_seqlens, read
 
 
 def test_planned_walk_reads_the_inverse_where_measured():
-    """sm90's delta plans build v_new from the inverse in the walk at head dim 64, where it measured faster, and
-    read W and U at 128 and 256 (fla_gen/tuned.py FUSED_WALK, measurement h200-delta-walk-inverse)."""
-    for op in ("delta_rule", "gated_delta_rule"):
+    """sm90's delta plans build v_new from the inverse in the walk at head dim 64, where it measured faster at
+    every group size; the gated delta rule's at head dim 128 too, but only with grouped value heads (HV >= 2H),
+    where it measured faster and W and U slower; W and U otherwise (fla_gen/tuned.py FUSED_WALK, measurements
+    h200-delta-walk-inverse and h200-gated-delta-walk-inverse-128)."""
+    expected = {"delta_rule": {64: 1, 128: None, 256: None}, "gated_delta_rule": {64: 1, 128: 2, 256: None}}
+    for op, by_head_dim in expected.items():
         rec = recurrence(op)
         chunk = select_algorithms(rec)[0]
-        reads = {hd: plan_algorithm(rec, chunk, "sm90", "bf16", hd).config("fwd_fused").reads_inverse
-                 for hd in (64, 128, 256)}
-        assert reads == {64: True, 128: False, 256: False}, (op, reads)
+        for hd, min_group in by_head_dim.items():
+            cfg = plan_algorithm(rec, chunk, "sm90", "bf16", hd).config("fwd_fused")
+            reads = [group for group in (1, 2, 4) if launch.walk_reads_inverse(cfg, group)]
+            assert reads == ([] if min_group is None else [g for g in (1, 2, 4) if g >= min_group]), (op, hd, reads)
+
+
+@pytest.mark.parametrize("HV", [2, 4], ids=["ungrouped", "grouped"])
+def test_walk_at_head_dim_128_reads_the_inverse_with_grouped_heads(launched, HV):
+    """The gated delta rule's own sm90 plan at head dim 128, the walk always taken (0 SMs): with one value head
+    per key head the forward runs fwd_wu and the walk reads W and U; with two, fwd_wu does not run in the forward
+    and the walk reads the inverse. Both against the float64 reference with every gradient, outputs poisoned."""
+    H, K, V = 2, 128, 128
+    package = "gated_delta_rule"
+    launched.watch(package)
+    pkg, rec = generated(package), recurrence(package)
+    x = sample_inputs(rec, 1, 80, H, K, V, torch.float32, seed=23, HV=HV)
+    with forced_arch("sm90"), launch.forced_sm_count(0):
+        pkg.chunk_gated_delta_rule(*x.values())
+        forward = launched.take()
+        result = compare_with_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference,
+                                        {**x, "initial_state": torch.randn(1, HV, K, V)}, torch.float32,
+                                        name="chunk_gated_delta_rule", guard=poisoned_allocations)
+    assert f"{package}_fwd_fused_kernel" in forward, forward
+    assert (f"{package}_fwd_wu_kernel" in forward) == (HV == H), forward
+    assert not result.failures(), result.errors
 
 
 @pytest.mark.parametrize("package", ["simple_gla", "gla", "gated_delta_rule"])

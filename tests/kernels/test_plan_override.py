@@ -9,7 +9,7 @@ import torch
 
 from fla_gen.runtime import dispatch
 from fla_gen.runtime import launch as launch_rules
-from fla_gen.runtime.dispatch import OVERRIDE_ENV, overridden_plans
+from fla_gen.runtime.dispatch import OVERRIDE_ENV, overridden_plans, parse_plan_override
 from tests.support import generated, poisoned_allocations
 
 OP = "linear_attn"
@@ -100,6 +100,7 @@ def test_override_pins_only_its_kernel():
     ({"fwd_o": {"num_warps": 0}}, "num_warps must be a positive int"),
     ({"fwd_o": {"num_warps": True}}, "num_warps must be a positive int"),
     ({"fwd_fused": {"reads_inverse": 1}}, "reads_inverse must be true or false"),
+    ({"fwd_fused": {"inverse_min_group": 0}}, "inverse_min_group must be a positive int"),
     ({"fwd_o": {}}, "non-empty"),
     ({"fwd_oo": {"num_warps": 8}}, r"does not have; known: \['fwd_h', 'fwd_o'"),
 ])
@@ -116,3 +117,12 @@ def test_bad_environment_override(monkeypatch):
     (q, k, v), _ = _inputs()
     with pytest.raises(ValueError, match=f"{OVERRIDE_ENV} is not JSON"):
         generated(OP).chunk_linear_attn(q, k, v)
+
+
+def test_reads_inverse_override_means_every_group_size():
+    """An experiment that sets reads_inverse gets it at every group size (inverse_min_group 1), unless it gives
+    inverse_min_group too: a plan that reads the inverse only with grouped heads must not hide the override."""
+    assert parse_plan_override({"fwd_fused": {"reads_inverse": True}}) == {
+        "fwd_fused": {"reads_inverse": True, "inverse_min_group": 1}}
+    assert parse_plan_override({"fwd_fused": {"reads_inverse": True, "inverse_min_group": 2}}) == {
+        "fwd_fused": {"reads_inverse": True, "inverse_min_group": 2}}
