@@ -83,7 +83,7 @@ def _gla_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
 
 @triton.jit
 def gla_cumsum_kernel(
-    g, G, strong, strong_chunks, cu_seqlens, chunk_indices, T,
+    g, G, strong, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
     USE_G: tl.constexpr,
 
@@ -112,10 +112,6 @@ def gla_cumsum_kernel(
     b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
     tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t,
              (b_span > DIAG_SPAN).to(tl.int8))
-    # fwd_A_chunk_kernel appends the strong chunks to strong_chunks after two counters, their count and fwd_A's
-    # next item: both start at zero here, a launch before either is used, rather than in a fill launch of their own
-    if (i_k == 0) & (i_t == 0) & (i_bh == 0):
-        tl.store(strong_chunks + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))
 
 
 @triton.jit
@@ -169,7 +165,7 @@ def gla_fwd_h_kernel(
 
 @triton.jit
 def gla_fwd_A_chunk_kernel(
-    q, k, G, A, strong, strong_chunks, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -186,9 +182,6 @@ def gla_fwd_A_chunk_kernel(
     # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     if _gla_strong_chunk(strong, i_bh, i_t, tl.num_programs(1), tl.num_programs(0), NF):
-        # listed for fwd_A_kernel as i_bh * NT + i_t after the two counters (strong_chunks [2 + B * H * NT] int32);
-        # the list's order varies from call to call, its items' outputs do not
-        tl.store(strong_chunks + 2 + tl.atomic_add(strong_chunks, 1), i_bh * tl.num_programs(0) + i_t)
         return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -227,40 +220,20 @@ def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.c
 
 @triton.jit
 def gla_fwd_A_kernel(
-    q, k, G, A, strong_chunks, cu_seqlens, chunk_indices, scale, T, NT,
+    q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    NF: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # A persistent grid (launch.strong_work_programs) over the BC-row sub-chunks of the chunks fwd_A_chunk_kernel
-    # left to this kernel and listed in strong_chunks (their count, the next item, then i_bh * NT + i_t per chunk).
-    # One program per sub-chunk of every chunk, most returning at once, cost 0.018 ms of KDA's forward at
-    # 4x4096x16x128 with weak gates (16384 programs, every chunk on fwd_A_chunk).
-    # Each program takes the next item from a shared counter until none are left: striding by the grid instead
-    # left the programs beyond the resident ones a second round of a whole stride (gla's forward with strong gates
-    # 0.937 -> 1.248 ms at 4x4096x16x128, H200). The rows are a call (noinline), not inlined into the loop, where the
-    # compiler kept values across its iterations: gla's fwd_A 168 -> 225 registers, KDA's spills 8 -> 32 B (sm90).
-    n_items = tl.load(strong_chunks) * (BT // BC)
-    i_w = tl.atomic_add(strong_chunks + 1, 1)
-    while i_w < n_items:
-        i_c = tl.load(strong_chunks + 2 + i_w // (BT // BC))
-        i_i, i_t, i_bh = i_w % (BT // BC), i_c % NT, i_c // NT
-        t0, n_t, _ = _gla_locate_chunk(i_t, i_bh // H, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-        if i_i * BC < n_t:
-            _gla_fwd_A_rows(q, k, G, A, scale, T, i_i, i_bh, t0, n_t,
-                         H, K, BT, BC, BK, DOT_PRECISION, DIAG_SPAN)
-        i_w = tl.atomic_add(strong_chunks + 1, 1)
-
-
-@triton.jit(noinline=True)
-def _gla_fwd_A_rows(
-    q, k, G, A, scale, T, i_i, i_bh, t0, n_t,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
-):
-    """Rows [i_i * BC, i_i * BC + BC) of A of one chunk (its first token t0, n_t valid tokens, head i_bh), all
-    BT columns; the rows start inside the chunk."""
+    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A, all BT columns;
+    # only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT] (gates fwd_A_chunk_kernel cannot take)
+    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if not _gla_strong_chunk(strong, i_bh, i_t, tl.num_programs(2), tl.num_programs(1), NF):
+        return
     i_b, i_h = i_bh // H, i_bh % H
+    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     i_n = i_i * BC
+    if i_n >= n_t:
+        return
     o_c = tl.arange(0, BC)
     o_r = i_n + o_c
     m_r = o_r < n_t
@@ -812,10 +785,9 @@ def _tile(block: int, dim: int) -> int:
 
 
 def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
-    """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk, its chunks' routes
+    """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk, and its chunks' routes
     strong [NK, B * H, NT] int8 (1: the gates move more than launch.factor_span of q's dtype about the chunk's middle
-    token on one of its NK K tiles), and strong_chunks [2 + B * H * NT] int32, fwd_A's work list, its counters
-    zeroed."""
+    token on one of its NK K tiles)."""
     B, T, H, K = q.shape
     BT = plan.chunk_size
     cfg = plan.config("cumsum")
@@ -823,14 +795,13 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan):
     G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     grid = (launch.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
     strong = torch.empty(grid[0], B * H, grid[1], dtype=torch.int8, device=q.device)
-    strong_chunks = torch.empty(2 + B * H * grid[1], dtype=torch.int32, device=q.device)
     gla_cumsum_kernel[grid](
-        g, G, strong, strong_chunks, cu_seqlens, chunk_indices, T,
+        g, G, strong, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BK=BK, DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
 
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return G, strong, strong_chunks
+    return G, strong
 
 
 
@@ -961,24 +932,24 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    G, strong, strong_chunks = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
+    G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     A = q.new_empty(B, T, H, BT)
     cfg = plan.config("fwd_A_chunk")
     gla_fwd_A_chunk_kernel[(NT, B * H)](
-        q, k, G, A, strong, strong_chunks, cu_seqlens, chunk_indices, scale, T,
+        q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
-    gla_fwd_A_kernel[(launch.strong_work_programs(launch.cdiv(BT, BC) * NT * B * H, q.device),)](
-        q, k, G, A, strong_chunks, cu_seqlens, chunk_indices, scale, T, NT,
-        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    gla_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
+        q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), NF=strong.shape[0],
+        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
+        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
