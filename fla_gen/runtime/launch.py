@@ -161,6 +161,22 @@ def walk_reads_inverse(cfg: LaunchConfig, group: int) -> bool:
     return cfg.reads_inverse and group >= cfg.inverse_min_group
 
 
+# Programs per SM of a persistent launch over a device-side work list, and off CUDA (a few, so that the
+# interpreter's programs stride through the list).
+STRONG_WORK_PROGRAMS_PER_SM = 8
+STRONG_WORK_PROGRAMS_OFF_CUDA = 3
+
+
+def strong_work_programs(items: int, device: torch.device) -> int:
+    """Programs of a persistent launch over a work list that a kernel before it wrote on the device (fwd_A over
+    the sub-chunks of the strong-gated chunks fwd_A_chunk listed, at most ``items``): the host does not know the
+    list's length without a sync, so the grid is sized to the device, STRONG_WORK_PROGRAMS_PER_SM per SM, each
+    program striding through the list; never more than ``items``, never fewer than 1."""
+    sms = sm_count(device)
+    per_device = STRONG_WORK_PROGRAMS_PER_SM * sms if sms else STRONG_WORK_PROGRAMS_OFF_CUDA
+    return max(1, min(items, per_device))
+
+
 # The kernels of the forward that fwd_fused replaces.
 SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 

@@ -85,7 +85,7 @@ def _kda_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
 
 @triton.jit
 def kda_cumsum_kernel(
-    g, G, strong, cu_seqlens, chunk_indices, T,
+    g, G, strong, strong_chunks, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
     USE_G: tl.constexpr,
 
@@ -114,11 +114,15 @@ def kda_cumsum_kernel(
     b_span = tl.max(tl.where(m_ik, tl.abs(b_G - b_gr[None, :]), 0.))
     tl.store(strong + (i_k * tl.num_programs(2) + i_bh) * tl.num_programs(1) + i_t,
              (b_span > DIAG_SPAN).to(tl.int8))
+    # fwd_A_chunk_kernel appends the strong chunks to strong_chunks (their count first): the count starts at zero
+    # here, a launch before any append, rather than in a fill launch of its own
+    if (i_k == 0) & (i_t == 0) & (i_bh == 0):
+        tl.store(strong_chunks, 0)
 
 
 @triton.jit
 def kda_fwd_A_chunk_kernel(
-    q, k, G, A, M, qg, strong, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, M, qg, strong, strong_chunks, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -135,6 +139,9 @@ def kda_fwd_A_chunk_kernel(
     # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     if _kda_strong_chunk(strong, i_bh, i_t, tl.num_programs(1), tl.num_programs(0), NF):
+        # listed for fwd_A_kernel as i_bh * NT + i_t after the count (strong_chunks [1 + B * H * NT] int32); the
+        # list's order varies from call to call, its items' outputs do not
+        tl.store(strong_chunks + 1 + tl.atomic_add(strong_chunks, 1), i_bh * tl.num_programs(0) + i_t)
         return
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -174,20 +181,37 @@ def kda_fwd_A_chunk_kernel(
 
 @triton.jit
 def kda_fwd_A_kernel(
-    q, k, G, A, M, qg, strong, cu_seqlens, chunk_indices, scale, T,
+    q, k, G, A, M, qg, strong_chunks, cu_seqlens, chunk_indices, scale, T, NT,
     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    NF: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
 ):
-    # one program per BC-row sub-chunk of a chunk: rows [i_n, i_n + BC) of A and M, all BT columns;
-    # only for the chunks the cumsum kernel flagged in strong [NF, B * H, NT] (gates fwd_A_chunk_kernel cannot take)
-    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if not _kda_strong_chunk(strong, i_bh, i_t, tl.num_programs(2), tl.num_programs(1), NF):
-        return
+    # A persistent grid (launch.strong_work_programs: 8 programs per SM) striding through the BC-row sub-chunks of
+    # the chunks fwd_A_chunk_kernel listed in strong_chunks (the count, then i_bh * NT + i_t per chunk). One
+    # program per sub-chunk of every chunk, most returning at once, cost 0.018 ms of KDA's 0.70 ms forward at
+    # 4x4096x16x128 with weak gates (16384 programs, every chunk on fwd_A_chunk); this grid 0.002 ms, and with
+    # strong gates (x32) the forward 1.403 -> 1.394 ms (H200). The rows are a call (noinline): inlined into the
+    # loop, the compiler kept values across its iterations (spills 8 -> 32 B on sm90). Two programs of these fit
+    # an SM (255 registers, 4 warps), so 8 per SM stride in even rounds; one row set's kernel fits 6 and did not
+    # (gla's forward with strong gates 0.937 -> 1.248 ms): it keeps one program per sub-chunk.
+    for i_w in tl.range(tl.program_id(0), tl.load(strong_chunks) * (BT // BC), tl.num_programs(0), num_stages=1):
+        i_c = tl.load(strong_chunks + 1 + i_w // (BT // BC))
+        i_i, i_t, i_bh = i_w % (BT // BC), i_c % NT, i_c // NT
+        t0, n_t, _ = _kda_locate_chunk(i_t, i_bh // H, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+        if i_i * BC < n_t:
+            _kda_fwd_A_rows(q, k, G, A, M, qg, scale, T, i_i, i_bh, t0, n_t,
+                         H, HK, K, BT, BC, BK, DOT_PRECISION, DIAG_SPAN)
+
+
+@triton.jit(noinline=True)
+def _kda_fwd_A_rows(
+    q, k, G, A, M, qg, scale, T, i_i, i_bh, t0, n_t,
+    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DIAG_SPAN: tl.constexpr,
+):
+    """Rows [i_i * BC, i_i * BC + BC) of A and M of one chunk (its first token t0, n_t valid tokens, head i_bh), all
+    BT columns; the rows start inside the chunk."""
     i_b, i_h = i_bh // H, i_bh % H
-    t0, n_t, _ = _kda_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     i_n = i_i * BC
-    if i_n >= n_t:
-        return
     o_c = tl.arange(0, BC)
     o_r = i_n + o_c
     m_r = o_r < n_t
@@ -1541,7 +1565,8 @@ def _tile(block: int, dim: int) -> int:
 def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H):
     """G [B, T, H, K] fp32: the inclusive cumsum of the total log gate within each chunk, on the H value heads
     (q [B, T, HK, K] gives the rest of the shape), and its chunks' routes strong [NK, B * H, NT] int8 (1: the gates
-    move more than launch.factor_span of q's dtype about the chunk's middle token on one of its NK K tiles)."""
+    move more than launch.factor_span of q's dtype about the chunk's middle token on one of its NK K tiles),
+    and strong_chunks [1 + B * H * NT] int32, fwd_A's work list, its count zeroed."""
     B, T, _, K = q.shape
     BT = plan.chunk_size
     cfg = plan.config("cumsum")
@@ -1549,21 +1574,23 @@ def _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H):
     G = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     grid = (launch.cdiv(K, BK), launch.num_chunks(T, BT, chunk_indices), B * H)
     strong = torch.empty(grid[0], B * H, grid[1], dtype=torch.int8, device=q.device)
+    strong_chunks = torch.empty(1 + B * H * grid[1], dtype=torch.int32, device=q.device)
     kda_cumsum_kernel[grid](
-        g, G, strong, cu_seqlens, chunk_indices, T,
+        g, G, strong, strong_chunks, cu_seqlens, chunk_indices, T,
         H=H, K=K, BT=BT, BK=BK, DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
 
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return G, strong
+    return G, strong, strong_chunks
 
 
-def _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan):
+def _chunk_A(q, k, G, strong, strong_chunks, scale, cu_seqlens, chunk_indices, plan):
     """The intra-chunk products, both [B, T, H, BT] (row t holds the row of its chunk, zeros above the diagonal):
     Mkk = K K^T * Gamma in float32 (with its diagonal; fwd_wu keeps the strictly lower part and applies beta, and
     inverts in fp32) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round
     it to that dtype for their dots anyway. Each chunk takes the route in strong (the cumsum's): fwd_A_chunk builds a
-    weak-gated chunk whole, fwd_A the others by 16-token sub-chunks with no positive exponent. Either launch writes
+    weak-gated chunk whole and lists the others in strong_chunks, which fwd_A builds by 16-token sub-chunks with no
+    positive exponent. Either launch writes
     both products from column factors built once for the two row sets (two launches, rows q then rows k, rebuilt
     them and reloaded k and G), and qg = q exp(G) (fwd_o, bwd_dh), in fwd_wu's w layout and q's dtype.
 
@@ -1577,17 +1604,17 @@ def _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan):
     qg = q.new_empty(B, H // HK, T, HK, K)
     cfg = plan.config("fwd_A_chunk")
     kda_fwd_A_chunk_kernel[(NT, B * H)](
-        q, k, G, Aqk, Mkk, qg, strong, cu_seqlens, chunk_indices, scale, T,
+        q, k, G, Aqk, Mkk, qg, strong, strong_chunks, cu_seqlens, chunk_indices, scale, T,
         H=H, HK=HK, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
-    kda_fwd_A_kernel[(launch.cdiv(BT, BC), NT, B * H)](
-        q, k, G, Aqk, Mkk, qg, strong, cu_seqlens, chunk_indices, scale, T,
-        H=H, HK=HK, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), NF=strong.shape[0],
-        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
-        DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    kda_fwd_A_kernel[(launch.strong_work_programs(launch.cdiv(BT, BC) * NT * B * H, q.device),)](
+        q, k, G, Aqk, Mkk, qg, strong_chunks, cu_seqlens, chunk_indices, scale, T, NT,
+        H=H, HK=HK, K=K, BT=BT, BC=BC, BK=_tile(cfg.block_k, K), IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(q.dtype), DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return Mkk, Aqk, qg
 
@@ -1622,8 +1649,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     H, V = v.shape[-2:]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
-    Mkk, Aqk, qg = _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan)
+    G, strong, strong_chunks = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
+    Mkk, Aqk, qg = _chunk_A(q, k, G, strong, strong_chunks, scale, cu_seqlens, chunk_indices, plan)
     w, u, Ai, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
     saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
     del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
@@ -1661,8 +1688,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     if saved:
         G, Mkk, Aqk, qg, Ai = saved
     else:
-        G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
-        Mkk, Aqk, qg = _chunk_A(q, k, G, strong, scale, cu_seqlens, chunk_indices, plan)
+        G, strong, strong_chunks = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
+        Mkk, Aqk, qg = _chunk_A(q, k, G, strong, strong_chunks, scale, cu_seqlens, chunk_indices, plan)
         Ai = None
     w, u, Ai, dv_local, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=Ai)
     del Aqk

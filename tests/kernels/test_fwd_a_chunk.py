@@ -24,15 +24,20 @@ BT = 64
 
 
 class RecordedFlags:
-    """A kernel launcher that also keeps a copy of the int8 routes tensor each launch read (the cumsum's)."""
+    """A kernel launcher that also keeps a copy of the int8 routes tensor each launch read (the cumsum's), and of
+    the int32 work list it wrote for fwd_A where it has one (KDA's: its count, then the strong chunks as
+    i_bh * NT + i_t)."""
 
     def __init__(self, kernel):
-        self.kernel, self.flags = kernel, []
+        self.kernel, self.flags, self.lists = kernel, [], []
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.kernel[grid](*args, **kwargs)
-            self.flags.append(next(a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.int8).clone())
+            names = self.kernel.arg_names
+            self.flags.append(args[names.index("strong")].clone())
+            if "strong_chunks" in names:
+                self.lists.append(args[names.index("strong_chunks")].clone())
         return run
 
 
@@ -95,3 +100,38 @@ def test_whole_chunks_beside_sub_chunks(monkeypatch, op, dtype, dims, cu_seqlens
     for flags in recorder.flags:  # [NK, B * H, NT]: one row of routes per K tile of the cumsum's launch
         routes = flags.cpu().reshape(-1, *want.shape).amax(0)
         assert torch.equal(routes, want), f"routes {routes.tolist()} against {want.tolist()}"
+    # fwd_A's work list (two row sets): every strong chunk once, in any order, and nothing else
+    assert bool(recorder.lists) == (op == "kda"), len(recorder.lists)
+    flagged = sorted(want.flatten().nonzero().flatten().tolist())
+    for work in recorder.lists:
+        count = int(work[0])
+        assert sorted(work[1:1 + count].tolist()) == flagged, (work[:1 + count].tolist(), flagged)
+
+
+@pytest.mark.parametrize(("items", "sms", "expected"), [
+    # the H100's 132 SMs: 8 programs each, whatever the call's size (16384 sub-chunks at 4x4096x16x128) ...
+    (16384, 132, 8 * 132),
+    # ... never more programs than sub-chunks, never none
+    (40, 132, 40),
+    (0, 132, 1),
+    # off CUDA three, so that the interpreter's programs each take several items
+    (16384, 0, 3),
+])
+def test_strong_work_programs(items, sms, expected):
+    with launch.forced_sm_count(sms):
+        assert launch.strong_work_programs(items, torch.device("cpu")) == expected
+
+
+def test_persistent_programs_cover_every_strong_chunk(monkeypatch):
+    """KDA's fwd_A programs stride through the work list: with one program (every item in turn) and with more
+    programs than items, every chunk strong, against the float64 reference with every gradient, outputs poisoned."""
+    B, T, H, K, V = 1, 130, 2, 32, 16
+    pkg = generated("kda")
+    x = sample_inputs(recurrence("kda"), B, T, H, K, V, torch.float32, seed=31)
+    x["g"] = mixed_gates(B, T, H, K, [(0, T)], seed=32)
+    for programs in (1, 64):
+        monkeypatch.setattr(launch, "strong_work_programs", lambda items, device, n=programs: n)
+        result = compare_with_reference(pkg.chunk_kda, pkg.kda_reference,
+                                        {**x, "initial_state": torch.randn(B, H, K, V)}, torch.float32,
+                                        name="chunk_kda", guard=poisoned_allocations)
+        assert not result.failures(), (programs, result.errors)
