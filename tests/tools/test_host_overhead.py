@@ -38,3 +38,4 @@ def test_every_mode_measures(monkeypatch, op, group, flags):
     monkeypatch.undo()
     chunk = generated(op).chunk
     assert not any(isinstance(getattr(chunk, n), host_overhead._Stub) for n in dir(chunk) if n.endswith("_kernel"))
+    assert not isinstance(host_overhead.launch.sum_groups_kernel, host_overhead._Stub)
