@@ -190,8 +190,8 @@ def kda_fwd_A_kernel(
     # program per sub-chunk of every chunk, most returning at once, cost 0.018 ms of KDA's 0.70 ms forward at
     # 4x4096x16x128 with weak gates (16384 programs, every chunk on fwd_A_chunk); this grid 0.002 ms, and with
     # strong gates (x32) the forward 1.403 -> 1.394 ms (H200). The rows are a call (noinline): inlined into the
-    # loop, the compiler kept values across its iterations (spills 8 -> 32 B on sm90). Two programs of these fit
-    # an SM (255 registers, 4 warps), so 8 per SM stride in even rounds; one row set's kernel fits 6 and did not
+    # loop, the compiler kept values across its iterations (spills 8 -> 32 B on sm90). Four programs of these fit
+    # an SM on sm90 (255 registers, 2 warps), so 8 per SM stride in even rounds; one row set's kernel fits 6 and did not
     # (gla's forward with strong gates 0.937 -> 1.248 ms): it keeps one program per sub-chunk.
     for i_w in tl.range(tl.program_id(0), tl.load(strong_chunks) * (BT // BC), tl.num_programs(0), num_stages=1):
         i_c = tl.load(strong_chunks + 1 + i_w // (BT // BC))
