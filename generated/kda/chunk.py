@@ -1590,9 +1590,9 @@ def _chunk_A(q, k, G, strong, strong_chunks, scale, cu_seqlens, chunk_indices, p
     inverts in fp32) and Aqk = scale Q K^T * Gamma, Gamma_ij = exp(G_i - G_j), in q's dtype: fwd_o and fwd_wu round
     it to that dtype for their dots anyway. Each chunk takes the route in strong (the cumsum's): fwd_A_chunk builds a
     weak-gated chunk whole and lists the others in strong_chunks, which fwd_A builds by 16-token sub-chunks with no
-    positive exponent. Either launch writes
-    both products from column factors built once for the two row sets (two launches, rows q then rows k, rebuilt
-    them and reloaded k and G), and qg = q exp(G) (fwd_o, bwd_dh), in fwd_wu's w layout and q's dtype.
+    positive exponent. Either launch writes both products from column factors built once for the two row sets (two
+    launches, rows q then rows k, rebuilt them and reloaded k and G), and qg = q exp(G) (fwd_o, bwd_dh), in fwd_wu's
+    w layout and q's dtype.
 
     Returns: Mkk, Aqk, qg."""
     B, T, HK, K = q.shape
