@@ -368,7 +368,11 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
         for lib in libs:
             for mode in row.get(lib, {}):
                 fn, grads = calls[lib][mode]
-                row.setdefault("kernels", {}).setdefault(lib, {})[mode] = _ops.kernel_ms(fn, grads)
+                per_kernel = _ops.kernel_breakdown(fn, grads)
+                row.setdefault("kernels", {}).setdefault(lib, {})[mode] = sum(per_kernel.values())
+                if spec.get("breakdown"):
+                    row.setdefault("per_kernel", {}).setdefault(lib, {})[mode] = {
+                        name: round(ms, 4) for name, ms in per_kernel.items()}
     return row
 
 
@@ -419,6 +423,7 @@ def run_shape(shape: Shape, args, workdir: Path) -> dict:
     result = workdir / f"{shape.name.replace(':', '_')}.json"
     spec = {"shape": asdict(shape), "ops": args.ops, "libs": args.libs, "rounds": args.rounds,
             "dtype": args.dtype, "device": args.device, "fake": args.fake, "quick": args.quick,
+            "breakdown": args.breakdown,
             "seed": args.seed, "result": str(result),
             "autotune_picks": str(args.autotune_picks) if args.autotune_picks else None}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
@@ -490,7 +495,27 @@ def render_markdown(report: dict) -> str:
         footnotes.append(f"- {shape}: {why}")
     if footnotes:
         lines += ["Notes:", ""] + footnotes + [""]
+    lines += render_breakdown(report["rows"])
     return "\n".join(lines)
+
+
+BREAKDOWN_KERNELS = 8
+
+
+def render_breakdown(rows: list[dict]) -> list[str]:
+    """Markdown lines for the rows timed with --breakdown: per op, shape, library and mode, the kernel time per
+    call and its BREAKDOWN_KERNELS largest kernels (ms per call, a kernel launched twice counted twice)."""
+    lines = []
+    for r in rows:
+        for lib, modes in r.get("per_kernel", {}).items():
+            for mode, per_kernel in modes.items():
+                top = list(per_kernel.items())[:BREAKDOWN_KERNELS]
+                rest = sum(list(per_kernel.values())[BREAKDOWN_KERNELS:])
+                cells = [f"{name} {_ops.fmt(ms)}" for name, ms in top]
+                cells += [f"the rest {_ops.fmt(rest)}"] if rest else []
+                lines.append(f"- {r['op']} {r['shape']} {lib} {mode}, {_ops.fmt(sum(per_kernel.values()))} ms: "
+                             + ", ".join(cells))
+    return ["## Where the kernel time goes (ms per call)", "", *lines, ""] if lines else []
 
 
 def plot(report: dict, path: Path) -> str:
@@ -539,6 +564,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="shorter do_bench (5 ms warm-up, 20 ms)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--fake", action="store_true", help="CPU stand-ins for every op: the plumbing only, no GPU")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also keep each kernel's time per call (torch.profiler, 20 calls) in the JSON, and list the "
+                        "largest ones per op, library and mode in the Markdown: where a ratio comes from")
     add_autotune_picks_argument(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

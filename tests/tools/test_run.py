@@ -122,6 +122,18 @@ def test_markdown_table():
     assert "- gla 1x16384x16x128, fla fwdbwd: RuntimeError: refused" in md
 
 
+def test_breakdown_lists_the_largest_kernels():
+    report = _report()
+    assert "Where the kernel time goes" not in run.render_markdown(report)  # not asked for: no section
+    per_kernel = {f"k{i}": 0.1 * (12 - i) for i in range(10)}  # as kernel_breakdown returns it, largest first
+    report["rows"][0]["per_kernel"] = {"ours": {"fwd": per_kernel}}
+    md = run.render_markdown(report)
+    line = next(ln for ln in md.splitlines() if ln.startswith("- gla 1x16384x16x128 ours fwd"))
+    assert line.startswith("- gla 1x16384x16x128 ours fwd, 7.5 ms: k0 1.2, k1 1.1,")
+    assert line.endswith("k7 0.5, the rest 0.7")  # k8 and k9
+    assert run.parse_args(["--breakdown"]).breakdown and not run.parse_args([]).breakdown
+
+
 def test_fake_run_end_to_end(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "run.py"), "--fake", "--device", "cpu", "--presets", "",
