@@ -1345,15 +1345,18 @@ def _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, seg
     return seg_entry, final_state, seg_transition
 
 
-def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+             seg_states=None):
     """States at the start of every chunk, v_new = U - W h, and optionally the final state (g_cum: [B, T, H]
     float32 from _chunk_wu, or None). With ``segments`` (fla_gen.runtime.segments.SegmentTables) the
-    walk runs over the call's sequence segments, from the states entering them (_segment_entry_states).
+    walk runs over the call's sequence segments, from the states entering them: ``seg_states`` where the forward
+    saved them (the backward's recompute, which wants no final state), else _segment_entry_states.
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
         packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None;
-        seg_transition: [S, H, K, K] float32, each segment's transition (None without segments).
+        seg_states: (seg_entry [S, H, K, V], seg_transition [S, H, K, K]) float32, the state entering each segment
+        and the segment's transition (None without segments).
     """
     B, T, HK, K = k.shape
     H, V = u.shape[-2:]
@@ -1364,10 +1367,13 @@ def _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chun
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(k, w, u, g_cum, h, v_new, initial_state, final_state, cu_seqlens, chunk_offsets, N, H, V, plan)
         return h, v_new, final_state, None
-    seg_entry, final_state, seg_transition = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
+    if seg_states is None:
+        seg_entry, final_state, seg_transition = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
+    else:
+        (seg_entry, seg_transition), final_state = seg_states, None
     _launch_fwd_h(k, w, u, g_cum, h, v_new, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, V, plan)
-    return h, v_new, final_state, seg_transition
+    return h, v_new, final_state, (seg_entry, seg_transition)
 
 
 def _launch_bwd_dh(q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
@@ -1444,8 +1450,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
         saved: (Ai,), the chunks' inverses [B, T, H, BT] in k's dtype: the backward reads them rather than
-            running fwd_solve again, and recomputes W, U and the chunk states from the inputs. () under
-            launch.no_backward.
+            running fwd_solve again, and recomputes W, U and the chunk states from the inputs; with segments also
+            the state entering each segment and its transition (_segment_entry_states), which the backward's
+            recompute would otherwise walk and scan again. () under launch.no_backward.
     """
     B, T, HK, K = q.shape
     H, V = v.shape[-2:]
@@ -1473,7 +1480,10 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
-            walk_initial_state, final_state, _ = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
+            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
+            if saved:
+                # the backward's recompute starts its segments from these rather than walking and scanning again
+                saved = (*saved, walk_initial_state, seg_carry)
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gated_delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -1506,8 +1516,10 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             num_stages=cfg.num_stages,
         )
         return o, final_state, saved
-    h, v_new, final_state, _ = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    del w, u, g_cum  # read by fwd_h only: free them before o is allocated
+    h, v_new, final_state, seg_states = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
+    if saved and seg_states:
+        saved = (*saved, *seg_states)
+    del w, u, g_cum, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -1541,7 +1553,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     """Chunked backward: 5 kernels (fwd_wu and fwd_h recompute W, U, the chunk states and v_new from the
     forward's Ai; then bwd_dh, bwd_dqk, bwd_wy), plus fwd_solve when ``saved`` is empty.
 
-    Args: as chunk_fwd, plus saved (chunk_fwd's (Ai,), or () to recompute it), do: [B, T, H, V] and dht:
+    Args: as chunk_fwd, plus saved (chunk_fwd's (Ai,) or (Ai, seg_entry, seg_transition), or () to recompute
+        them), do: [B, T, H, V] and dht:
         [N, H, K, V] float32 or None (gradient of the final state). Plan stages: fwd_solve, fwd_wu, fwd_h, bwd_dh,
         bwd_dqk, bwd_wy; with segments the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
@@ -1559,8 +1572,10 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     # Ai, h, v_new, dh, dv_new and bwd_dqk's outputs) does not also hold w, u and dv_local.
     w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan,
                                           Ai=saved[0] if saved else None)
-    h, v_new, _, seg_transition = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    del u
+    h, v_new, _, seg_states = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+                                       seg_states=tuple(saved[1:]) if len(saved) > 1 else None)
+    seg_transition = seg_states[1] if seg_states else None
+    del u, seg_states
     dh, dv_new, dh0 = _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition,
                                 NT, scale, plan)
     del w, dv_local, g_cum, seg_transition

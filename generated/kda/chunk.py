@@ -1481,15 +1481,18 @@ def _segment_entry_states(k, w, u, kd, G, initial_state, output_final_state, seg
     return seg_entry, final_state, seg_transition
 
 
-def _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+             seg_states=None):
     """States at the start of every chunk, v_new = U - W h, and optionally the final state (kd from _chunk_wu; G from _chunk_gate_cumsum; k only
     gives the shapes). With ``segments`` (fla_gen.runtime.segments.SegmentTables) the
-    walk runs over the call's sequence segments, from the states entering them (_segment_entry_states).
+    walk runs over the call's sequence segments, from the states entering them: ``seg_states`` where the forward
+    saved them (the backward's recompute, which wants no final state), else _segment_entry_states.
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the whole
         packed batch); v_new: [B, T, H, V] in k's dtype; final_state: [N, H, K, V] float32 or None;
-        seg_transition: [S, H, K, K] float32, each segment's transition (None without segments).
+        seg_states: (seg_entry [S, H, K, V], seg_transition [S, H, K, K]) float32, the state entering each segment
+        and the segment's transition (None without segments).
     """
     B, T, HK, K = k.shape
     H, V = u.shape[-2:]
@@ -1500,10 +1503,13 @@ def _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chun
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(k, w, u, kd, G, h, v_new, initial_state, final_state, cu_seqlens, chunk_offsets, N, H, V, plan)
         return h, v_new, final_state, None
-    seg_entry, final_state, seg_transition = _segment_entry_states(k, w, u, kd, G, initial_state, output_final_state, segments, N, plan)
+    if seg_states is None:
+        seg_entry, final_state, seg_transition = _segment_entry_states(k, w, u, kd, G, initial_state, output_final_state, segments, N, plan)
+    else:
+        (seg_entry, seg_transition), final_state = seg_states, None
     _launch_fwd_h(k, w, u, kd, G, h, v_new, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, H, V, plan)
-    return h, v_new, final_state, seg_transition
+    return h, v_new, final_state, (seg_entry, seg_transition)
 
 
 def _launch_bwd_dh(q, k, w, qg, kd, G, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
@@ -1642,8 +1648,9 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
         saved: (G, Mkk, Aqk, qg, Ai), the gate's cumsum and the intra-chunk products: the backward reads them
-            rather than running cumsum, fwd_A and fwd_solve again, and recomputes W, U and the chunk states. ()
-            under launch.no_backward.
+            rather than running cumsum, fwd_A and fwd_solve again, and recomputes W, U and the chunk states; with
+            segments also the state entering each segment and its transition, which the backward's recompute would
+            otherwise walk and scan again. () under launch.no_backward.
     """
     B, T, HK, K = q.shape
     H, V = v.shape[-2:]
@@ -1654,8 +1661,10 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     w, u, Ai, _, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, None, cu_seqlens, chunk_indices, plan)
     saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
     del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
-    h, v_new, final_state, _ = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    del w, u, kd  # read by fwd_h only: free them before o is allocated
+    h, v_new, final_state, seg_states = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
+    if saved and seg_states:
+        saved = (*saved, *seg_states)
+    del w, u, kd, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
     o = torch.empty_like(v)
@@ -1672,7 +1681,8 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     A_qk and Ai; then bwd_dh, bwd_dqk, bwd_wy, bwd_dqk_intra (A_qk's and A_kk's parts, one launch: dq, dk) and
     bwd_dqkg (dg). With ``saved`` empty, cumsum, fwd_A and fwd_solve first recompute those.
 
-    Args: as chunk_fwd, plus saved (chunk_fwd's (G, Mkk, Aqk, qg, Ai), or () to recompute them), do:
+    Args: as chunk_fwd, plus saved (chunk_fwd's (G, Mkk, Aqk, qg, Ai), with segments followed by seg_entry and
+        seg_transition, or () to recompute them), do:
         [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state).
 
     Returns:
@@ -1685,16 +1695,19 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
+    seg_states = tuple(saved[5:]) or None
     if saved:
-        G, Mkk, Aqk, qg, Ai = saved
+        G, Mkk, Aqk, qg, Ai = saved[:5]
     else:
         G, strong, strong_chunks = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan, H)
         Mkk, Aqk, qg = _chunk_A(q, k, G, strong, strong_chunks, scale, cu_seqlens, chunk_indices, plan)
         Ai = None
     w, u, Ai, dv_local, kd = _chunk_wu(q, k, v, G, Mkk, Aqk, beta, scale, do, cu_seqlens, chunk_indices, plan, Ai=Ai)
     del Aqk
-    h, v_new, _, seg_transition = _chunk_h(k, w, u, kd, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    del u
+    h, v_new, _, seg_states = _chunk_h(k, w, u, kd, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+                                       seg_states=seg_states)
+    seg_transition = seg_states[1] if seg_states else None
+    del u, seg_states
     dh, dv_new, dh0 = _chunk_dh(q, k, w, qg, kd, G, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments,
                                 seg_transition, NT, scale, plan)
     del w, dv_local, kd, qg, seg_transition

@@ -124,7 +124,10 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
         assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 64
 
 
-# Every family's backward scans twice: the states again (its recompute), then their gradients.
+# The backward scans the state gradients; the families whose forward saves the segments' entering states (the delta
+# family, chunk_delta.jinja) start its recompute from them, the others scan the states again first.
+SAVES_SEGMENT_STATES = {"delta_rule", "gated_delta_rule", "kda", "gated_delta_rule_rope"}
+
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks"), [
     ("linear_attn", None, 1),
@@ -147,8 +150,8 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
 ])
 def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
-    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran three times: once
-    in the forward, twice in the backward."""
+    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran once in the forward
+    and once or twice in the backward (SAVES_SEGMENT_STATES)."""
     module = generated(package).chunk
     # the op's name, not the package's (generated/dplr: dplr_delta_rule)
     name = next(n for n in dir(module) if n.endswith("_segment_scan_kernel"))
@@ -167,7 +170,7 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_s
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens,
                                   op=name.removesuffix("_segment_scan_kernel"))
     assert not result.failures(), result.errors
-    assert scan.launches == 3
+    assert scan.launches == (2 if package in SAVES_SEGMENT_STATES else 3), scan.launches
     if fused is not None:
         assert (fused.launches > 0) == (not many_sms), fused.launches
 
@@ -191,3 +194,28 @@ def test_transition_split_without_states(package):
     assert relative_error(o, o_ref) < 1e-5
     for name, g, g_ref in zip(leaves, grads, grads_ref, strict=True):
         assert relative_error(g, g_ref) < 1e-4, name
+
+
+@pytest.mark.parametrize(("package", "n_saved"), [("gated_delta_rule", 1), ("kda", 5)])
+def test_backward_from_saved_segment_states_matches_recompute(package, n_saved):
+    """The delta family's forward saves each segment's entering state and transition; the backward that starts
+    from them gives the same gradients, bit for bit, as the one that walks and scans the segments again (saved
+    cut back to what the forward saves without segments)."""
+    module = generated(package).chunk
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, K, V = 1, 200, 2, 32, 16
+    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, *((K,) if package == "kda" else ()), generator=gen)) / 8
+    beta = torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    do = torch.randn(B, T, H, V, generator=gen)
+    args = (q, k, v, g, beta, K ** -0.5, h0, False, None, None, None)
+    with segments.forced_segment_chunks(1):
+        o, _, *saved = module._op_forward(*args)
+        assert len(saved) == n_saved + 2, len(saved)  # the segments' entering states and transitions at the end
+        kept = module._op_backward(*args, do, None, saved)
+        recomputed = module._op_backward(*args, do, None, saved[:n_saved])
+    for a, b in zip(kept, recomputed, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
