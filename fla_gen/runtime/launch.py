@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -71,6 +71,28 @@ def backward_follows() -> bool:
     """Whether a backward may read what this forward keeps (its ``saved`` tensors): True unless inside
     no_backward, so a forward under autograd, a registered op's call and a trace all keep them."""
     return not _NO_BACKWARD.get()
+
+
+def saved_segment_states(entry: torch.Tensor, carry: torch.Tensor | None,
+                         cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """What a forward over sequence segments (fla_gen/runtime/segments.py) keeps for its backward, whose recompute
+    of the chunk states then starts every segment from it instead of walking the segments from zero and scanning
+    them again: ``entry`` [S, H, K, V] float32, the state entering each segment, then ``carry``, what carries a
+    state across a segment where the family has one (its total log gate [S, H] or [S, H, K], its transition
+    [S, H, K, K]). The op's saved list holds tensors only, so no None; () under no_backward, and for a packed
+    batch (``cu_seqlens`` given): tracing with fake tensors only bounds its segment count (segments.segment_tables'
+    shapes_only), while a saved tensor's shape must be the traced one."""
+    if not backward_follows() or cu_seqlens is not None:
+        return ()
+    return (entry,) if carry is None else (entry, carry)
+
+
+def resumed_segment_states(kept: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """saved_segment_states' tensors (the tail of a backward's saved list) as (entry, carry or None), or None where
+    the forward kept none (it walked whole sequences, or ran under no_backward)."""
+    if not kept:
+        return None
+    return kept[0], (kept[1] if len(kept) > 1 else None)
 
 
 @functools.lru_cache(maxsize=16)

@@ -792,6 +792,10 @@ def dplr_delta_rule_bwd_dqk_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+# _chunk_intra's products, the head of the forward's saved list (its segment states, where it has them, follow)
+INTRA_PRODUCTS = 11
+
+
 def _chunk_intra(q, k, a, b, g, scale, backward, cu_seqlens, chunk_indices, plan):
     """The per-chunk products of the inputs.
 
@@ -963,15 +967,17 @@ def _segment_entry_states(v, g, intra, initial_state, output_final_state, segmen
 
 
 def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens, chunk_indices, chunk_offsets,
-             segments, plan):
+             segments, plan, seg_states=None):
     """Walk the chunks: the output (forward) or the chunk-start states and U (backward, ``states``). With
     ``segments`` (fla_gen.runtime.segments.SegmentTables) the walk runs over the call's sequence segments, from
-    the states entering them (_segment_entry_states).
+    the states entering them: ``seg_states`` where the forward kept them (the backward's recompute, which wants
+    no final state), else _segment_entry_states.
 
     Returns:
         o: [B, T, H, V] or None; h: [B, NT, H, K, V] (q's dtype; under varlen B == 1 and NT counts the
         chunks of the packed batch) or None; u: [B, T, H, V] or None; final_state: [N, H, K, V] float32
-        or None; seg_transition: [S, H, K, K] float32, each segment's transition (None without segments).
+        or None; seg_states: (seg_entry [S, H, K, V], seg_transition [S, H, K, K]) float32, the state entering
+        each segment and the segment's transition (None without segments).
     """
     qg = intra[0]
     B, T, H, K = qg.shape
@@ -985,11 +991,14 @@ def _chunk_h(v, g, intra, initial_state, output_final_state, states, cu_seqlens,
         final_state = qg.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, chunk_offsets, N, V, plan)
         return o, h, u, final_state, None
-    seg_entry, final_state, seg_transition = _segment_entry_states(v, g, intra, initial_state, output_final_state,
-                                                                   segments, N, plan)
+    if seg_states is None:
+        seg_entry, final_state, seg_transition = _segment_entry_states(v, g, intra, initial_state, output_final_state,
+                                                                       segments, N, plan)
+    else:
+        (seg_entry, seg_transition), final_state = seg_states, None
     _launch_fwd_h(v, g, intra, o, h, u, seg_entry, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, V, plan)
-    return o, h, u, final_state, seg_transition
+    return o, h, u, final_state, (seg_entry, seg_transition)
 
 
 def _launch_bwd_dh(g, intra, do, dh, du, dht, dh0, cu_seqlens, chunk_offsets, walks, plan):
@@ -1060,21 +1069,23 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: the intra-chunk products (qg, kg, bg, w, M, A_qk, A_qb, ag, P, A_ak, g_last) for chunk_bwd.
+        saved: the intra-chunk products (qg, kg, bg, w, M, A_qk, A_qb, ag, P, A_ak, g_last) for chunk_bwd; with
+            segments followed by the state entering each and its transition (launch.saved_segment_states), from
+            which the backward's recompute starts rather than walking and scanning the segments again.
     """
     # The intra-chunk products, the backward's ones included, are kept for the backward: recomputing
     # them there cost one more fwd_intra (~28% of a forward+backward at 4x4096x16x128 on the H100).
     intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
-    o, _, _, final_state, _ = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
-                                       chunk_indices, chunk_offsets, segments, plan)
-    return o, final_state, intra
+    o, _, _, final_state, seg_states = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
+                                                chunk_indices, chunk_offsets, segments, plan)
+    return o, final_state, (*intra, *launch.saved_segment_states(*seg_states, cu_seqlens)) if seg_states else intra
 
 
 def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
     """Chunked backward: 5 kernels (fwd_h recomputes the chunk states and U; then bwd_dh, bwd_dv,
     bwd_dA, bwd_dqk), plus fwd_intra when ``saved`` is empty.
 
-    Args: as chunk_fwd, plus saved (chunk_fwd's intra-chunk products, or () to recompute them),
+    Args: as chunk_fwd, plus saved (chunk_fwd's intra-chunk products and segment states, or () to recompute them),
         do: [B, T, H, V] and dht: [N, H, K, V] float32 or None (gradient of the final state). With segments
         the recomputing fwd_h and bwd_dh run over them, each with a segment_scan.
 
@@ -1088,10 +1099,13 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     V = v.shape[-1]
     BT = plan.chunk_size
     NT = launch.num_chunks(T, BT, chunk_indices)
-    intra = tuple(saved) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
+    intra = tuple(saved[:INTRA_PRODUCTS]) if saved else _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     qg, kg, bg, w, M, Aqk, Aqb, ag, P, Aak, g_last = intra
-    _, h, u, _, seg_transition = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices,
-                                          chunk_offsets, segments, plan)
+    _, h, u, _, seg_states = _chunk_h(v, g, intra, initial_state, False, True, cu_seqlens, chunk_indices,
+                                      chunk_offsets, segments, plan,
+                                      seg_states=launch.resumed_segment_states(saved[INTRA_PRODUCTS:]))
+    seg_transition = seg_states[1] if seg_states else None
+    del seg_states
     is_varlen = cu_seqlens is not None
     dh, du, dh0 = _chunk_dh(g, intra, do, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition, NT,
                             plan)

@@ -1481,9 +1481,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
-            if saved:
-                # the backward's recompute starts its segments from these rather than walking and scanning again
-                saved = (*saved, walk_initial_state, seg_carry)
+            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gated_delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -1517,8 +1515,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         )
         return o, final_state, saved
     h, v_new, final_state, seg_states = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    if saved and seg_states:
-        saved = (*saved, *seg_states)
+    if seg_states:
+        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
     del w, u, g_cum, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1573,7 +1571,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     w, u, Ai, dv_local, g_cum = _chunk_wu(q, k, v, g, beta, scale, do, cu_seqlens, chunk_indices, plan,
                                           Ai=saved[0] if saved else None)
     h, v_new, _, seg_states = _chunk_h(k, w, u, g_cum, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
-                                       seg_states=tuple(saved[1:]) if len(saved) > 1 else None)
+                                       seg_states=launch.resumed_segment_states(saved[1:]))
     seg_transition = seg_states[1] if seg_states else None
     del u, seg_states
     dh, dv_new, dh0 = _chunk_dh(q, k, w, g_cum, do, dv_local, dht, initial_state, cu_seqlens, chunk_offsets, segments, seg_transition,

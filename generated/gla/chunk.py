@@ -885,11 +885,14 @@ def _segment_entry_states(k, v, G, initial_state, output_final_state, segments, 
     return seg_entry, final_state, seg_gate
 
 
-def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+                 seg_states=None):
     """The state at the start of every chunk, h [B, NT, H, K, V] in the inputs' dtype (NT counts
     every chunk of the packed batch under varlen, B = 1), the final state [N, H, K, V] fp32
     or None, and with ``segments`` (fla_gen.runtime.segments.SegmentTables; the walks run per segment)
-    each segment's total log gate [S, H, K] fp32 (else None)."""
+    (the state entering each segment [S, H, K, V], its total log gate [S, H, K]) fp32 (else None). The walks
+    start from ``seg_states`` where the forward kept them (the backward's recompute, which wants no final state),
+    else from _segment_entry_states."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -898,10 +901,13 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
         ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(k, v, G, h, initial_state, ht, None, cu_seqlens, chunk_offsets, N, plan)
         return h, ht, None
-    seg_entry, ht, seg_gate = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+    if seg_states is None:
+        seg_entry, ht, seg_gate = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+    else:
+        (seg_entry, seg_gate), ht = seg_states, None
     _launch_fwd_h(k, v, G, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets, segments.count,
                   plan)
-    return h, ht, seg_gate
+    return h, ht, (seg_entry, seg_gate)
 
 
 def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -926,7 +932,9 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A, strong)
         for chunk_bwd: G [B, T, H, K] fp32 chunk-local cumulative gate, A [B, T, H, BT] the
         scaled intra-chunk matrix in q's dtype (row t holds A[t, :] of t's chunk), strong [NK, B * H, NT]
-        int8 the cumsum's route of each chunk (bwd_dqk_intra takes the same).
+        int8 the cumsum's route of each chunk (bwd_dqk_intra takes the same); with segments followed by the state
+        entering each and its total log gate (launch.saved_segment_states), from which the backward's recompute
+        starts rather than walking and scanning the segments again.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -951,6 +959,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    saved = (G, A, strong)
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
@@ -961,7 +970,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
-            walk_initial_state, final_state, _ = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -988,9 +998,11 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-        return o, final_state, (G, A, strong)
-    h, ht, _ = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets,
-                            segments, plan)
+        return o, final_state, saved
+    h, ht, seg_states = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices,
+                                     chunk_offsets, segments, plan)
+    if seg_states:
+        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
@@ -999,7 +1011,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o, ht, (G, A, strong)
+    return o, ht, saved
 
 
 def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
@@ -1007,7 +1019,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     Args:
         q, k, v, g, scale, initial_state, cu_seqlens, chunk_indices, chunk_offsets: as in chunk_fwd.
-        saved: (G, A, strong) from chunk_fwd.
+        saved: (G, A, strong) from chunk_fwd, with segments followed by their states (launch.saved_segment_states).
         do: [B, T, H, V] gradient of o; dht: [N, H, K, V] gradient of the final state, or None.
         segments: as in chunk_fwd; both walks then run per segment, after a walk from zero and a scan.
         plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqk_intra,
@@ -1018,7 +1030,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
         (None without g); dh0 [N, H, K, V]
         float32, or None without initial_state.
     """
-    G, A, strong = saved
+    G, A, strong = saved[:3]
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
@@ -1027,8 +1039,10 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     do = do.contiguous()
-    h, _, seg_gate = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments,
-                                  plan)
+    h, _, seg_states = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments,
+                                    plan, seg_states=launch.resumed_segment_states(saved[3:]))
+    seg_gate = seg_states[1] if seg_states else None
+    del seg_states
 
     cfg = plan.config("bwd_dh")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)

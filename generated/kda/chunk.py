@@ -1662,8 +1662,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
     del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
     h, v_new, final_state, seg_states = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    if saved and seg_states:
-        saved = (*saved, *seg_states)
+    if seg_states:
+        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
     del w, u, kd, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)
@@ -1695,7 +1695,7 @@ def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     f32 = dict(device=q.device, dtype=torch.float32)
-    seg_states = tuple(saved[5:]) or None
+    seg_states = launch.resumed_segment_states(saved[5:])
     if saved:
         G, Mkk, Aqk, qg, Ai = saved[:5]
     else:

@@ -793,6 +793,7 @@ def _chunk_fwd_h(
     chunk_offsets,
     segments,
     plan,
+    seg_states=None,
 ):
     """States at the start of every chunk, and optionally the final state.
 
@@ -801,11 +802,14 @@ def _chunk_fwd_h(
         g_cum: [B, T, H] float32, the chunk-local cumulative log gate (_chunk_cumsum), or None
         initial_state: [N, H, K, V] float32, or None
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None
+        seg_states: with segments, (the state entering each segment, its total log gate or None) as the forward
+            kept them (the backward's recompute, which wants no final state); else _segment_entry_states
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the
-            whole packed batch); final_state: [N, H, K, V] float32, or None; seg_gate: each segment's
-            total log gate [S, H] float32, or None.
+            whole packed batch); final_state: [N, H, K, V] float32, or None; seg_states: (seg_entry
+            [S, H, K, V] float32, seg_gate: each segment's total log gate [S, H] float32 or None), or None
+            without segments.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -815,11 +819,14 @@ def _chunk_fwd_h(
         final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
         _launch_fwd_h(k, v, g_cum, h, initial_state, final_state, None, cu_seqlens, chunk_offsets, N, plan)
         return h, final_state, None
-    seg_entry, final_state, seg_gate = _segment_entry_states(
-        k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+    if seg_states is None:
+        seg_entry, final_state, seg_gate = _segment_entry_states(
+            k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+    else:
+        (seg_entry, seg_gate), final_state = seg_states, None
     _launch_fwd_h(k, v, g_cum, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
-    return h, final_state, seg_gate
+    return h, final_state, (seg_entry, seg_gate)
 
 
 def chunk_fwd(
@@ -854,7 +861,9 @@ def chunk_fwd(
 
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] float32 or None;
-        saved: () -- the backward recomputes the states from the inputs.
+        saved: () -- the backward recomputes the states from the inputs; with segments the state entering each
+            segment and its total log gate (launch.saved_segment_states), from which the backward's recompute starts
+            rather than walking and scanning the segments again.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -862,6 +871,7 @@ def chunk_fwd(
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
+    saved = ()
     walks = N if segments is None else segments.count
     BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
     if BV:
@@ -872,7 +882,8 @@ def chunk_fwd(
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
-            walk_initial_state, final_state, _ = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         simple_gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -899,8 +910,8 @@ def chunk_fwd(
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-        return o, final_state, ()
-    h, final_state, _ = _chunk_fwd_h(
+        return o, final_state, saved
+    h, final_state, seg_states = _chunk_fwd_h(
         k,
         v,
         g_cum,
@@ -941,7 +952,7 @@ def chunk_fwd(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return o, final_state, ()
+    return o, final_state, launch.saved_segment_states(*seg_states, cu_seqlens) if seg_states else ()
 
 
 def _launch_bwd_dh(q, do, g_cum, dh, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):
@@ -998,7 +1009,7 @@ def chunk_bwd(
 ):
     """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv/dg).
 
-    Args: as chunk_fwd, plus saved (unused: ()), do: [B, T, H, V] and dht: [N, H, K, V]
+    Args: as chunk_fwd, plus saved (chunk_fwd's: its segments' states, or ()), do: [B, T, H, V] and dht: [N, H, K, V]
         float32 or None (gradient of the final state). Plan stages: cumsum, fwd_h, bwd_dh, bwd_dqkvg
         and, with segments, segment_scan (both walks then run per segment, after a walk from zero and a scan).
 
@@ -1014,7 +1025,7 @@ def chunk_bwd(
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
-    h, _, seg_gate = _chunk_fwd_h(
+    h, _, seg_states = _chunk_fwd_h(
         k,
         v,
         g_cum,
@@ -1025,7 +1036,10 @@ def chunk_bwd(
         chunk_offsets,
         segments,
         plan,
+        seg_states=launch.resumed_segment_states(saved),
     )
+    seg_gate = seg_states[1] if seg_states else None
+    del seg_states
 
     dh = q.new_empty(B, NT, H, K, V)
     if segments is None:

@@ -124,10 +124,9 @@ def test_rule_with_no_sm_share_splits_only_when_forced():
         assert segments.plan_segment_chunks(8192, 8192, 4, 4, 128, 128, 132, rule) == 64
 
 
-# The backward scans the state gradients; the families whose forward saves the segments' entering states (the delta
-# family, chunk_delta.jinja) start its recompute from them, the others scan the states again first.
-SAVES_SEGMENT_STATES = {"delta_rule", "gated_delta_rule", "kda", "gated_delta_rule_rope"}
-
+# Every family's backward scans the state gradients once. Its recompute of the states starts from the segments'
+# entering states that the forward kept (launch.saved_segment_states); a packed batch keeps none, so its backward
+# scans the states again first.
 @pytest.mark.parametrize("many_sms", [False, True], ids=["fused-walk", "state-walk"])
 @pytest.mark.parametrize(("package", "cu_seqlens", "chunks"), [
     ("linear_attn", None, 1),
@@ -150,8 +149,8 @@ SAVES_SEGMENT_STATES = {"delta_rule", "gated_delta_rule", "kda", "gated_delta_ru
 ])
 def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_sms):
     """The op with its sequences split into segments matches the float64 reference, forward (as one fused
-    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran once in the forward
-    and once or twice in the backward (SAVES_SEGMENT_STATES)."""
+    walk on 0 SMs, as the state walk and the output kernel on 1000) and backward; the scan ran for the states in
+    the forward, their gradients in the backward, and for a packed batch the states again there."""
     module = generated(package).chunk
     # the op's name, not the package's (generated/dplr: dplr_delta_rule)
     name = next(n for n in dir(module) if n.endswith("_segment_scan_kernel"))
@@ -170,7 +169,7 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_s
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens,
                                   op=name.removesuffix("_segment_scan_kernel"))
     assert not result.failures(), result.errors
-    assert scan.launches == (2 if package in SAVES_SEGMENT_STATES else 3), scan.launches
+    assert scan.launches == (3 if cu_seqlens else 2), scan.launches
     if fused is not None:
         assert (fused.launches > 0) == (not many_sms), fused.launches
 
@@ -196,26 +195,39 @@ def test_transition_split_without_states(package):
         assert relative_error(g, g_ref) < 1e-4, name
 
 
-@pytest.mark.parametrize(("package", "n_saved"), [("gated_delta_rule", 1), ("kda", 5)])
-def test_backward_from_saved_segment_states_matches_recompute(package, n_saved):
-    """The delta family's forward saves each segment's entering state and transition; the backward that starts
-    from them gives the same gradients, bit for bit, as the one that walks and scans the segments again (saved
-    cut back to what the forward saves without segments)."""
+@pytest.mark.parametrize("package", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda",
+                                     "dplr", "rwkv7"])
+def test_backward_from_saved_segment_states_matches_recompute(monkeypatch, package):
+    """Every family's forward over segments keeps the state entering each segment (and what carries a state across
+    one, where the family has it); the backward that starts from them gives the same gradients, bit for bit, as the
+    one that walks and scans the segments again (saved cut back to what the forward keeps without segments)."""
     module = generated(package).chunk
-    gen = torch.Generator().manual_seed(5)
+    rec = recurrence(package)
     B, T, H, K, V = 1, 200, 2, 32, 16
-    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
-    k = torch.nn.functional.normalize(k, dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, *((K,) if package == "kda" else ()), generator=gen)) / 8
-    beta = torch.rand(B, T, H, generator=gen)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=5)
+    gen = torch.Generator().manual_seed(6)
     h0 = torch.randn(B, H, K, V, generator=gen)
     do = torch.randn(B, T, H, V, generator=gen)
-    args = (q, k, v, g, beta, K ** -0.5, h0, False, None, None, None)
+    # the custom op's arguments as the public function passes them (its transforms applied, its order)
+    captured = []
+    monkeypatch.setattr(module, "call_op", lambda op, forward, *args: captured.append(args) or forward(*args))
+    getattr(module, f"chunk_{rec.spec.op}")(**x, initial_state=h0)
+    args = captured[0]
+    _, _, *unsplit = module._op_forward(*args)  # no SM count off CUDA: whole sequences
     with segments.forced_segment_chunks(1):
-        o, _, *saved = module._op_forward(*args)
-        assert len(saved) == n_saved + 2, len(saved)  # the segments' entering states and transitions at the end
+        _, _, *saved = module._op_forward(*args)
         kept = module._op_backward(*args, do, None, saved)
-        recomputed = module._op_backward(*args, do, None, saved[:n_saved])
+        recomputed = module._op_backward(*args, do, None, saved[:len(unsplit)])
+    # the entering states [S, H, K, V] (S one-chunk segments: 4 of 64 tokens, DPLR's 13 of 16) and, but for
+    # linear_attn's, their carries
+    tail = saved[len(unsplit):]
+    assert len(tail) == (1 if package == "linear_attn" else 2), [t.shape for t in tail]
+    assert tail[0].shape[0] in (4, 13) and tail[0].shape[1:] == (H, K, V), tail[0].shape
     for a, b in zip(kept, recomputed, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+    # a packed batch keeps none (fake tensors only bound its segment count)
+    cu = torch.tensor([0, 80, 200], dtype=torch.int32)
+    packed = (*args[:-5], None, False, cu, cu, args[-1])  # no initial state (it would hold one per sequence)
+    with segments.forced_segment_chunks(1):
+        _, _, *saved = module._op_forward(*packed)
+    assert len(saved) == len(unsplit), [t.shape for t in saved[len(unsplit):]]
