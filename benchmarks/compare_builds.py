@@ -14,8 +14,11 @@ for a stretch lands on both sides. Every process times, per op and shape, the ch
 and forward+backward on the same inputs (fixed seed: the packages' INPUTS roles, gates logsigmoid(randn) / 16
 in fp32, unit-norm keys, beta sigmoid(randn), RWKV-7-style a = -k̂, b = η k̂), each a do_bench median after a
 warm-up call. The table gives each side's median over its rounds and the worst pair: min over rounds of
-before / after (below 1: the change is slower in at least one round). A shape's optional fifth field is the
-number of value heads HV (grouped heads: v, the gates and beta of the ops that declare them get HV heads).
+before / after (below 1: the change is slower in at least one round), and beside it the GPU's kernel time of the
+same calls (torch.profiler, medians over the rounds, their ratio before / after): it leaves out the time the GPU
+waits for the host, which can move one process's wall times by 10-25% (docs/performance.md). A shape's optional
+fifth field is the number of value heads HV (grouped heads: v, the gates and beta of the ops that declare them get
+HV heads).
 
 ``--variants`` compares plan overrides of this one build instead, all in one process (one compile each, so a
 variant costs seconds rather than a process per round): per op and shape, rounds of the plan's own launch
@@ -79,8 +82,9 @@ def _inputs(pkg, shape, seed: int, device: str = "cuda", dtype: str = "bfloat16"
     return out
 
 
-def _time_call(fn, args: list, do_bench) -> list[float]:
-    """Median ms of fn's forward (no autograd) and forward+backward on ``args``, after a warm-up call."""
+def _calls(fn, args: list):
+    """(forward without autograd, forward+backward, the leaves whose .grad each call resets) of fn on ``args``,
+    both compiled by one warm-up call."""
     import torch
 
     leaves = [a for a in args if a is not None]
@@ -94,8 +98,26 @@ def _time_call(fn, args: list, do_bench) -> list[float]:
         fn(*args)[0].backward(do)
 
     forward_backward()  # compile both directions before timing
+    return forward, forward_backward, leaves
+
+
+def _time_call(fn, args: list, do_bench) -> list[float]:
+    """Median ms of fn's forward (no autograd) and forward+backward on ``args``, after a warm-up call."""
+    forward, forward_backward, leaves = _calls(fn, args)
     return [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
             for f in (forward, forward_backward)]
+
+
+def _wall_and_kernel_times(fn, args: list, do_bench) -> list[float | None]:
+    """_time_call's two wall times, then the GPU's kernel time of the same two calls (_ops.kernel_ms: every
+    kernel's duration over 20 calls; None off CUDA). Two builds run in two processes, and a host that slows one of
+    them moves its wall time but not its kernel time."""
+    import _ops
+
+    forward, forward_backward, leaves = _calls(fn, args)
+    walls = [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+             for f in (forward, forward_backward)]
+    return walls + [_ops.kernel_ms(f, leaves) for f in (forward, forward_backward)]
 
 
 def _chunk_op(op: str):
@@ -107,7 +129,7 @@ def _chunk_op(op: str):
 
 
 def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int, gate_scale: float = 1.0) -> dict:
-    """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms]}."""
+    """Time every (op, shape) in this process's build: {"op shape": [fwd ms, fwd+bwd ms, and their kernel ms]}."""
     import torch
     from triton.testing import do_bench
 
@@ -117,7 +139,7 @@ def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int, ga
         pkg, fn = _chunk_op(op)
         for shape in shapes:
             args = _inputs(pkg, shape, seed, gate_scale=gate_scale)
-            out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, args, do_bench)
+            out[f"{op} {'x'.join(map(str, shape))}"] = _wall_and_kernel_times(fn, args, do_bench)
             torch.cuda.empty_cache()
     return out
 
@@ -256,22 +278,34 @@ def main() -> int:
                 return 1
             results[side].append(json.loads(run.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {side}: done", file=sys.stderr, flush=True)
-    lines = ["| op | shape | fwd before | fwd after | worst before/after | f+b before | f+b after | "
-             "worst before/after |", "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(builds_table(results["before"], results["after"])))
+    return 0
+
+
+def builds_table(before: list[dict], after: list[dict]) -> list[str]:
+    """The Markdown table of two builds' rounds (child's dicts, one per process): per op, shape and mode the
+    medians, the worst pair of wall times (min over rounds of before / after), and the median kernel times with
+    their ratio before / after; then the worst pair over every cell."""
+    lines = ["| op | shape | fwd before | fwd after | worst before/after | kernels before -> after | f+b before | "
+             "f+b after | worst before/after | kernels before -> after |", "|---|---|---|---|---|---|---|---|---|---|"]
     worst_all = math.inf
-    for key in results["after"][0]:
+    for key in after[0]:
         op, shape = key.split()
         cells = []
         for i in (0, 1):
-            before = [res[key][i] for res in results["before"]]
-            after = [res[key][i] for res in results["after"]]
-            worst = min(b / x for b, x in zip(before, after, strict=True))
+            walls = [[res[key][i] for res in side] for side in (before, after)]
+            worst = min(b / x for b, x in zip(*walls, strict=True))
             worst_all = min(worst_all, worst)
-            cells += [f"{statistics.median(before):.3f}", f"{statistics.median(after):.3f}", f"{worst:.3f}"]
+            cells += [f"{statistics.median(walls[0]):.3f}", f"{statistics.median(walls[1]):.3f}", f"{worst:.3f}"]
+            kernels = [[res[key][2 + i] for res in side] for side in (before, after)]
+            if any(k is None for side in kernels for k in side):
+                cells.append("-")
+            else:
+                k_before, k_after = (statistics.median(side) for side in kernels)
+                cells.append(f"{k_before:.3f} -> {k_after:.3f} ({k_before / k_after:.3f})")
         lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
-    print("\n".join(lines))
-    print(f"worst before/after over every cell and round: {worst_all:.3f}")
-    return 0
+    lines.append(f"worst before/after over every cell and round: {worst_all:.3f}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -115,3 +115,21 @@ def test_a_variant_that_fails_is_named(monkeypatch):
         compare_builds.time_variants(["linear_attn"], [(1, 32, 1, 16)], [{"fwd_fused": {"num_warps": 8}}],
                                      rounds=1, seed=0, device="cpu", dtype="float32",
                                      do_bench=lambda fn, **_kw: fn() or 1.0)
+
+
+def test_builds_table_gives_the_worst_wall_pair_and_the_kernel_time_ratio(monkeypatch):
+    """Two rounds a side: the wall columns keep the worst pair (round 2's 0.50 / 0.60 for the forward), the kernel
+    columns the medians' ratio (0.133 -> 0.163: the after build's kernels slower while its wall medians look
+    faster, as a slow host made them once); a side without kernel times (off CUDA) shows '-'."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_builds
+
+    before = [{"gdn 1x16384x16x128": [0.60, 2.0, 0.133, 1.90]}, {"gdn 1x16384x16x128": [0.50, 2.1, 0.133, 1.90]}]
+    after = [{"gdn 1x16384x16x128": [0.55, 2.0, 0.163, 1.95]}, {"gdn 1x16384x16x128": [0.60, 2.0, 0.163, 1.95]}]
+    lines = compare_builds.builds_table(before, after)
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["gdn", "1x16384x16x128", "0.550", "0.575", "0.833", "0.133 -> 0.163 (0.816)",
+                     "2.050", "2.000", "1.000", "1.900 -> 1.950 (0.974)"], cells
+    assert lines[-1] == "worst before/after over every cell and round: 0.833"
+    off_cuda = [{"gdn 1x16384x16x128": [0.6, 2.0, None, None]}]
+    assert compare_builds.builds_table(off_cuda, off_cuda)[2].count("| - |") == 2
