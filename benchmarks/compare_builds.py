@@ -101,23 +101,19 @@ def _calls(fn, args: list):
     return forward, forward_backward, leaves
 
 
-def _time_call(fn, args: list, do_bench) -> list[float]:
-    """Median ms of fn's forward (no autograd) and forward+backward on ``args``, after a warm-up call."""
+def _time_call(fn, args: list, do_bench, kernels: bool = False) -> list[float | None]:
+    """Median ms of fn's forward (no autograd) and forward+backward on ``args``, after a warm-up call; with
+    ``kernels`` also the GPU's kernel time of the same two calls (_ops.kernel_ms: every kernel's duration over 20
+    calls; None off CUDA). Two builds run in two processes, and a host that slows one of them moves its wall times
+    but not its kernel times."""
     forward, forward_backward, leaves = _calls(fn, args)
-    return [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-            for f in (forward, forward_backward)]
-
-
-def _wall_and_kernel_times(fn, args: list, do_bench) -> list[float | None]:
-    """_time_call's two wall times, then the GPU's kernel time of the same two calls (_ops.kernel_ms: every
-    kernel's duration over 20 calls; None off CUDA). Two builds run in two processes, and a host that slows one of
-    them moves its wall time but not its kernel time."""
-    import _ops
-
-    forward, forward_backward, leaves = _calls(fn, args)
-    walls = [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    times = [do_bench(f, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
              for f in (forward, forward_backward)]
-    return walls + [_ops.kernel_ms(f, leaves) for f in (forward, forward_backward)]
+    if kernels:
+        import _ops
+
+        times += [_ops.kernel_ms(f, leaves) for f in (forward, forward_backward)]
+    return times
 
 
 def _chunk_op(op: str):
@@ -139,7 +135,7 @@ def child(ops: list[str], shapes: list[tuple[int, int, int, int]], seed: int, ga
         pkg, fn = _chunk_op(op)
         for shape in shapes:
             args = _inputs(pkg, shape, seed, gate_scale=gate_scale)
-            out[f"{op} {'x'.join(map(str, shape))}"] = _wall_and_kernel_times(fn, args, do_bench)
+            out[f"{op} {'x'.join(map(str, shape))}"] = _time_call(fn, args, do_bench, kernels=True)
             torch.cuda.empty_cache()
     return out
 
