@@ -73,21 +73,26 @@ def backward_follows() -> bool:
     return not _NO_BACKWARD.get()
 
 
-def saved_segment_states(entry: torch.Tensor, carry: torch.Tensor | None,
-                         cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+# (the state entering each segment, what carries a state across one or None), as the chunk-state walks return it
+SegmentStates = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def saved_segment_states(seg_states: SegmentStates | None, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """What a forward over sequence segments (fla_gen/runtime/segments.py) keeps for its backward, whose recompute
     of the chunk states then starts every segment from it instead of walking the segments from zero and scanning
-    them again: ``entry`` [S, H, K, V] float32, the state entering each segment, then ``carry``, what carries a
+    them again. ``seg_states`` (entry, carry), as the chunk-state walks return it (None: the call walked whole
+    sequences): ``entry`` [S, H, K, V] float32, the state entering each segment, then ``carry``, what carries a
     state across a segment where the family has one (its total log gate [S, H] or [S, H, K], its transition
     [S, H, K, K]). The op's saved list holds tensors only, so no None; () under no_backward, and for a packed
     batch (``cu_seqlens`` given): tracing with fake tensors only bounds its segment count (segments.segment_tables'
     shapes_only), while a saved tensor's shape must be the traced one."""
-    if not backward_follows() or cu_seqlens is not None:
+    if seg_states is None or not backward_follows() or cu_seqlens is not None:
         return ()
+    entry, carry = seg_states
     return (entry,) if carry is None else (entry, carry)
 
 
-def resumed_segment_states(kept: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def resumed_segment_states(kept: Sequence[torch.Tensor]) -> SegmentStates | None:
     """saved_segment_states' tensors (the tail of a backward's saved list) as (entry, carry or None), or None where
     the forward kept none (it walked whole sequences, or ran under no_backward)."""
     if not kept:

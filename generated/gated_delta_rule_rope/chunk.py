@@ -1446,7 +1446,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
-            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
+            saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gated_delta_rule_rope_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -1479,8 +1479,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         )
         return o, final_state, saved
     h, v_new, final_state, seg_states = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    if seg_states:
-        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
+    saved = (*saved, *launch.saved_segment_states(seg_states, cu_seqlens))
     del w, u, g_cum, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

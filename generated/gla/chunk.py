@@ -971,7 +971,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
-            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
+            saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -1001,8 +1001,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         return o, final_state, saved
     h, ht, seg_states = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices,
                                      chunk_offsets, segments, plan)
-    if seg_states:
-        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
+    saved = (*saved, *launch.saved_segment_states(seg_states, cu_seqlens))
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)

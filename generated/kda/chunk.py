@@ -1662,8 +1662,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     saved = (G, Mkk, Aqk, qg, Ai) if launch.backward_follows() else ()
     del Mkk, Ai  # without a backward to read them, freed before the walk allocates its chunk states
     h, v_new, final_state, seg_states = _chunk_h(k, w, u, kd, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)
-    if seg_states:
-        saved = (*saved, *launch.saved_segment_states(*seg_states, cu_seqlens))
+    saved = (*saved, *launch.saved_segment_states(seg_states, cu_seqlens))
     del w, u, kd, seg_states  # read by fwd_h only: free them before o is allocated
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

@@ -672,7 +672,7 @@ def chunk_fwd(
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan)
-            saved = (*saved, *launch.saved_segment_states(walk_initial_state, seg_carry, cu_seqlens))
+            saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
         linear_attn_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
@@ -734,7 +734,7 @@ def chunk_fwd(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return o, final_state, launch.saved_segment_states(*seg_states, cu_seqlens) if seg_states else ()
+    return o, final_state, launch.saved_segment_states(seg_states, cu_seqlens)
 
 
 def _launch_bwd_dh(q, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walks, scale, plan):

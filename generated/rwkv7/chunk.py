@@ -1078,7 +1078,7 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
     intra = _chunk_intra(q, k, a, b, g, scale, True, cu_seqlens, chunk_indices, plan)
     o, _, _, final_state, seg_states = _chunk_h(v, g, intra, initial_state, output_final_state, False, cu_seqlens,
                                                 chunk_indices, chunk_offsets, segments, plan)
-    return o, final_state, (*intra, *launch.saved_segment_states(*seg_states, cu_seqlens)) if seg_states else intra
+    return o, final_state, (*intra, *launch.saved_segment_states(seg_states, cu_seqlens))
 
 
 def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):

@@ -237,13 +237,14 @@ def test_saved_segment_states_round_trip():
     """What a forward over segments keeps (no None in an op's saved list; nothing under no_backward or for a packed
     batch) and how its backward reads it back."""
     entry, carry = torch.zeros(3, 2, 4, 4), torch.zeros(3, 2)
-    kept = launch.saved_segment_states(entry, carry, None)
+    kept = launch.saved_segment_states((entry, carry), None)
     assert len(kept) == 2 and kept[0] is entry and kept[1] is carry
     assert launch.resumed_segment_states(kept) == (entry, carry)
-    kept = launch.saved_segment_states(entry, None, None)  # linear attention: no gate carries a state across
+    kept = launch.saved_segment_states((entry, None), None)  # linear attention: no gate carries a state across
     assert len(kept) == 1 and kept[0] is entry
     assert launch.resumed_segment_states(kept) == (entry, None)
-    assert launch.saved_segment_states(entry, carry, torch.tensor([0, 5, 9])) == ()
+    assert launch.saved_segment_states((entry, carry), torch.tensor([0, 5, 9])) == ()
+    assert launch.saved_segment_states(None, None) == ()  # whole sequences: no segments
     with launch.no_backward():
-        assert launch.saved_segment_states(entry, carry, None) == ()
+        assert launch.saved_segment_states((entry, carry), None) == ()
     assert launch.resumed_segment_states(()) is None
