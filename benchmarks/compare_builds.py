@@ -22,8 +22,9 @@ HV heads).
 
 ``--variants`` compares plan overrides of this one build instead, all in one process (one compile each, so a
 variant costs seconds rather than a process per round): per op and shape, rounds of the plan's own launch
-configs, then each variant, ..., the same timings and the worst pair, plan / variant. Each variant's output
-is checked against the plan's (relative norm error of the forward's output, printed).
+configs, then each variant, ..., the same timings and the worst pair, plan / variant, and each one's kernel time
+(in the last round) with plan / variant of it. Each variant's output is checked against the plan's (relative norm
+error of the forward's output, printed).
 """
 
 from __future__ import annotations
@@ -149,13 +150,13 @@ DIFFERS_FROM_PLAN = 2e-2
 
 def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[dict], rounds: int,
                   seed: int, device: str = "cuda", dtype: str = "bfloat16", do_bench=None,
-                  gate_scale: float = 1.0) -> list[str]:
+                  gate_scale: float = 1.0, kernels: bool | None = None) -> list[str]:
     """The plan's own configs against each override in ``variants``, alternating over ``rounds`` in this process:
     the table's lines (per op, shape and variant: forward and forward+backward medians, worst plan/variant). A
     variant whose output is not within DIFFERS_FROM_PLAN of the plan's is marked in its error cell; one whose call
     fails raises a RuntimeError that names it (each output is synchronized before the next variant runs, so a
     device fault is not reported under a later one). ``device``, ``dtype`` and ``do_bench`` (triton.testing's by
-    default) let a test run it in Triton's interpreter."""
+    default) let a test run it in Triton's interpreter; ``kernels`` (default: on CUDA) adds the kernel times."""
     import contextlib
 
     import torch
@@ -164,6 +165,8 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
 
     if do_bench is None:
         from triton.testing import do_bench
+    if kernels is None:
+        kernels = device == "cuda"
 
     overrides = [None, *variants]
 
@@ -173,8 +176,8 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
     def name_of(override):
         return "the plan" if override is None else json.dumps(override, separators=(",", ":"))
 
-    lines = ["| op | shape | variant | error vs plan | fwd ms | worst plan/variant | f+b ms | worst plan/variant |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | shape | variant | error vs plan | fwd ms | worst plan/variant | kernels fwd (plan/variant) | "
+             "f+b ms | worst plan/variant | kernels f+b (plan/variant) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for op in ops:
         pkg, fn = _chunk_op(op)
         for shape in shapes:
@@ -191,17 +194,21 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
                                        f"{type(e).__name__}: {e}") from e
             errors = [((o - outputs[0]).norm() / outputs[0].norm()).item() for o in outputs]
             times = []
-            for _ in range(rounds):
+            for r in range(rounds):
                 times.append([])
                 for v in overrides:
                     with plan_of(v):
-                        times[-1].append(_time_call(fn, args, do_bench))
+                        # the kernel time once, in the last round: it does not move with the host
+                        times[-1].append(_time_call(fn, args, do_bench, kernels=kernels and r == rounds - 1))
             for i, v in enumerate(overrides):
                 cells = []
                 for m in (0, 1):
                     mine = [times[r][i][m] for r in range(rounds)]
                     worst = min(times[r][0][m] / times[r][i][m] for r in range(rounds))
                     cells += [f"{statistics.median(mine):.3f}", f"{worst:.3f}"]
+                    kernels = [times[-1][j][2 + m] if len(times[-1][j]) > 2 else None for j in (0, i)]
+                    cells.append("-" if None in kernels else
+                                 f"{kernels[1]:.3f} ({kernels[0] / kernels[1]:.3f})")
                 error = f"{errors[i]:.1e}" + ("" if errors[i] <= DIFFERS_FROM_PLAN else " **differs from the plan**")
                 lines.append(f"| {op} | {'x'.join(map(str, shape))} | {name_of(v)} | {error} | " + " | ".join(cells)
                              + " |")

@@ -29,9 +29,11 @@ def test_bad_arguments_are_usage_errors(args, named):
 def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch):
     """linear_attn at 1x64x2x64, fp32 on the CPU: the plan and one variant (fwd_fused on 8 warps, which the
     interpreter ignores: the same output). The stand-in timer runs each timed call once and reports 1 ms under the
-    plan, 2 ms under a variant, so the table must show worst plan/variant 1.000 and 0.500."""
+    plan, 2 ms under a variant, and the stand-in kernel timer 0.5 and 0.25 ms, so the table must show worst
+    plan/variant 1.000 and 0.500, and kernel times 0.500 (1.000) and 0.250 (2.000)."""
     switch_on()
     monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _ops
     import compare_builds
 
     from fla_gen.runtime.dispatch import active_plan_override
@@ -40,12 +42,20 @@ def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch
         fn()
         return 1.0 if active_plan_override() is None else 2.0
 
+    def fake_kernel_ms(fn, _leaves):
+        fn()
+        return 0.5 if active_plan_override() is None else 0.25
+
+    monkeypatch.setattr(_ops, "kernel_ms", fake_kernel_ms)
     lines = compare_builds.time_variants(["linear_attn"], [(1, 64, 2, 64)], [{"fwd_fused": {"num_warps": 8}}],
-                                         rounds=2, seed=0, device="cpu", dtype="float32", do_bench=fake_bench)
+                                         rounds=2, seed=0, device="cpu", dtype="float32", do_bench=fake_bench,
+                                         kernels=True)
     assert len(lines) == 4, lines
     plan_row, variant_row = lines[2].split(" | "), lines[3].split(" | ")
-    assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "1.000", "1.000 |"], lines
-    assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "2.000", "0.500 |"], lines
+    assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "0.500 (1.000)", "1.000", "1.000",
+                            "0.500 (1.000) |"], lines
+    assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "0.250 (2.000)", "2.000",
+                               "0.500", "0.250 (2.000) |"], lines
     assert active_plan_override() is None
 
 
