@@ -36,7 +36,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import _ops  # noqa: E402
 
-SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis")
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "LaunchStats", "Occupancy")
 BYTES = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 # Counter prefixes to the table's columns; on a GPU where a name differs, the column reads '-'.
 COLUMNS = {
@@ -51,7 +51,13 @@ COLUMNS = {
     "issue_pct": ("sm__issue_active.avg.pct_of_peak_sustained_elapsed",
                   "sm__issue_active.avg.pct_of_peak_sustained_active",
                   "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+    # achieved occupancy (warps resident per SM against its maximum) and what the launch allows
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "registers": ("launch__registers_per_thread",),
 }
+# How many of the kernel's blocks one SM can hold, by each resource; the smallest is the limit.
+BLOCK_LIMITS = ("launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
+                "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks")
 BUSY = 60.0
 
 
@@ -89,6 +95,8 @@ def parse_raw_csv(text: str) -> list[dict]:
             row["time_us"] /= 1e3  # ns in base units
         row["read_mb"] = (number(rec.get(BYTES[0], "")) or 0) / 1e6
         row["write_mb"] = (number(rec.get(BYTES[1], "")) or 0) / 1e6
+        limits = [number(rec[n]) for n in BLOCK_LIMITS if n in rec and number(rec[n]) is not None]
+        row["blocks_per_sm"] = min(limits) if limits else None
         row["verdict"] = verdict(row)
         # every pipe's utilisation as ncu named it, for the JSON (the table shows the tensor and XU pipes)
         row["pipes"] = {n: number(v) for n, v in rec.items()
@@ -147,7 +155,7 @@ def fmt(x, spec: str = ".1f") -> str:
 def table(recs: list[dict], copy_tbs: float) -> str:
     """Per kernel, then per call: time, bytes, units busy, verdict; the call against the floor."""
     out = [f"{'op/lib/kernel':58s} {'us':>8s} {'read MB':>8s} {'write MB':>8s} {'TB/s':>5s} {'DRAM%':>6s} "
-           f"{'SM%':>5s} {'TC%':>5s} {'XU%':>5s} {'issue%':>6s}  verdict"]
+           f"{'SM%':>5s} {'TC%':>5s} {'XU%':>5s} {'issue%':>6s} {'regs':>4s} {'blk/SM':>6s} {'occ%':>5s}  verdict"]
     for rec in recs:
         head = f"{rec['op']} {rec['lib']} {rec['shape']} {rec['what']}"
         if rec.get("error"):
@@ -159,7 +167,9 @@ def table(recs: list[dict], copy_tbs: float) -> str:
             tbs = (k["read_mb"] + k["write_mb"]) / t if t else None  # MB per us = TB/s
             out.append(f"  {k['kernel'][:56]:56s} {fmt(k['time_us']):>8s} {k['read_mb']:8.1f} {k['write_mb']:8.1f} "
                        f"{fmt(tbs, '.2f'):>5s} {fmt(k['dram_pct']):>6s} {fmt(k['sm_pct']):>5s} "
-                       f"{fmt(k['tensor_pct']):>5s} {fmt(k['xu_pct']):>5s} {fmt(k['issue_pct']):>6s}  {k['verdict']}")
+                       f"{fmt(k['tensor_pct']):>5s} {fmt(k['xu_pct']):>5s} {fmt(k['issue_pct']):>6s} "
+                       f"{fmt(k.get('registers'), '.0f'):>4s} {fmt(k.get('blocks_per_sm'), '.0f'):>6s} "
+                       f"{fmt(k.get('occupancy_pct')):>5s}  {k['verdict']}")
         total_us = sum(k["time_us"] or 0 for k in rec["kernels"])
         moved = sum(k["read_mb"] + k["write_mb"] for k in rec["kernels"])
         fb = rec.get("floor_bytes")

@@ -13,12 +13,19 @@ import kernel_limits  # noqa: E402
 HEADER = ["ID", "Kernel Name", "Grid Size", "Block Size", "dram__bytes_read.sum", "dram__bytes_write.sum",
           "gpu__time_duration.sum", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
           "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-          "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"]
-UNITS = ["", "", "", "", "byte", "byte", "nsecond", "%", "%", "%"]
+          "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+          "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+          "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps",
+          "launch__occupancy_limit_blocks"]
+UNITS = ["", "", "", "", "byte", "byte", "nsecond", "%", "%", "%", "%", "register/thread", "block", "block", "block",
+         "block"]
 KERNELS = [
-    ["0", "walk_kernel", "(2,64,1)", "(128,1,1)", "200,000,000", "100,000,000", "120,000", "82.5", "20.0", "1.0"],
-    ["1", "intra_kernel", "(64,64,1)", "(64,1,1)", "50,000,000", "10,000,000", "300,000", "10.0", "71.0", "45.0"],
-    ["2", "inverse_kernel", "(64,64,1)", "(64,1,1)", "30,000,000", "30,000,000", "200,000", "15.0", "30.0", "n/a"],
+    ["0", "walk_kernel", "(2,64,1)", "(128,1,1)", "200,000,000", "100,000,000", "120,000", "82.5", "20.0", "1.0",
+     "6.2", "255", "2", "1", "16", "32"],
+    ["1", "intra_kernel", "(64,64,1)", "(64,1,1)", "50,000,000", "10,000,000", "300,000", "10.0", "71.0", "45.0",
+     "40.0", "96", "5", "4", "32", "32"],
+    ["2", "inverse_kernel", "(64,64,1)", "(64,1,1)", "30,000,000", "30,000,000", "200,000", "15.0", "30.0", "n/a",
+     "n/a", "40", "n/a", "n/a", "n/a", "n/a"],
 ]
 RAW = "\n".join(["==PROF== Connected to process 1",
                  *(",".join(f'"{c}"' for c in row) for row in (HEADER, UNITS, *KERNELS)),
@@ -35,6 +42,9 @@ def test_raw_csv_rows_units_and_verdicts():
     assert intra["xu_pct"] == pytest.approx(45.0)
     assert inverse["xu_pct"] is None  # a value ncu did not give reads as missing, not as 0
     assert walk["tensor_pct"] is None  # a counter this CSV lacks
+    # occupancy: the launch's tightest limit (shared memory: 1 block per SM) and the warps that were resident
+    assert walk["blocks_per_sm"] == 1 and intra["blocks_per_sm"] == 4 and inverse["blocks_per_sm"] is None
+    assert walk["occupancy_pct"] == pytest.approx(6.2) and walk["registers"] == 255
 
 
 def test_call_sum_against_the_floor():
