@@ -15,7 +15,7 @@ Per (op, shape) one worker process selects the op's build-time plan, runs the de
   num_stages {1, 2, 3, 4}; variants nearest the default first (one field changed, then two, ...), at
   most ``--max-variants`` per kernel; ``--extra-variants JSON`` adds hand-picked ones first.
 - the forward's two paths: where the plan takes fwd_fused (the walk that writes the outputs), a variant of
-  fwd_h or fwd_o runs the split forward (launch.fused_walk_tile), and a variant of fwd_fused runs the walk
+  fwd_h or fwd_o runs the split forward (launch.fused_walk_launch), and a variant of fwd_fused runs the walk
   whatever the grid; the default is the plan's own choice, so those rows compare the two paths.
 - timing: a ``fwd_*``/``cumsum`` kernel in the op's forward, a ``bwd_*`` kernel in forward+backward.
   ``op_ms``: ``triton.testing.do_bench`` median of that call; ``kernel_ms``: the kernel alone, its GPU

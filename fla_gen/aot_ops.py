@@ -139,10 +139,12 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                 # The plan's tiles, and for dense calls also the tiles the launchers pick on the target's GPU,
                 # where these small grids split the state walk (launch.state_walk_tiles), and there with the
                 # sequences split into segments (fla_gen/runtime/segments.py: one chunk each, so that these
-                # short calls take that path; a no-op for the algorithms that do not split).
+                # short calls take that path; a no-op for the algorithms that do not split); and on one SM, where
+                # every grid is a large one (fwd_fused's two-per-SM launch, launch.fused_walk_choice), whole and
+                # split.
                 launches = []
                 for sms, segment_chunks in ((0, 0),) if varlen else ((0, 0), (SM_COUNT_OF_CAP[cap], 0),
-                                                                      (SM_COUNT_OF_CAP[cap], 1)):
+                                                                      (SM_COUNT_OF_CAP[cap], 1), (1, 0), (1, 1)):
                     with forced_arch(ARCH_OF_CAP[cap]), forced_sm_count(sms), forced_segment_chunks(segment_chunks):
                         launches += capture_launches(lambda v=varlen, d=head_dim: [
                             _call_overridden(overrides[mode], pkg, rec, mode, dtype, v, d, d)

@@ -264,13 +264,15 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
               f"over {walks} walks")
     if "fwd_fused" in stages:
         c = stages["fwd_fused"]
-        bv = launch.fused_walk_block_v(launch.dot_tile(c.block_v, V), V, walks, sms, c.min_sm_share)
+        bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, packed=False)
+        # a packed call never takes the two-per-SM launch: where this one differs, the dense call took it
+        two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, packed=True)
         how = ""
         if c.reads_inverse:
             how = ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else
                    f"; W and U from fwd_wu (the inverse from {c.inverse_min_group} value heads per key head)")
-        print("  fwd_fused    " + (f"taken, BV={bv}: {launch.cdiv(V, bv) * walks} programs{how}" if bv else
-                                   "not taken: fwd_h + fwd_o"))
+        print("  fwd_fused    " + (f"taken, BV={bv}, {stages_taken} stages{' (two programs per SM)' if two else ''}: "
+                                   f"{launch.cdiv(V, bv) * walks} programs{how}" if bv else "not taken: fwd_h + fwd_o"))
 
 
 def _import_package(out_dir: Path, package: str):

@@ -310,6 +310,21 @@ SOURCES: dict[str, Source] = {
         "simple_gla 0.332 -> 0.292 ms (1x16384) and 1.251 -> 1.075 (1x65536) at the rule's 16 and 61 chunks; "
         "2x8192x8x256 (linear_attn, 128 programs unsplit) 0.229 ms unsplit against 0.315-0.741 split. The split "
         "walk's kernels at 1x16384 (simple_gla): fwd_h from zero 0.061 ms, the scan 0.012, fwd_fused 0.204", _H100),
+    "h200-walk-two-per-sm": Source(
+        "the scalar-gate family's fwd_fused at [K, 64] tiles and 2 stages, whose shared memory holds two programs per "
+        "SM, against the plan's launch (compare_builds.py --variants, H200, bf16, 2-3 alternating rounds in one "
+        "process, GPU kernel time of the forward by torch.profiler; Nsight Compute: the ungated walk's [K, 64] at 3 "
+        "stages builds at 136 KB, one program per SM, 6% of its warps resident; the gated one's [K, 32] at 3 stages "
+        "two per SM; the gated walk's [K, 64] at 2 stages builds at 88 KB and spills 184 B on sm90, fla-gen "
+        "aot, and still measures faster where it is taken). Ungated (plan [64, 3 stages]): 1x16384x16x128, split "
+        "into 16 segments, 512 programs, 0.183 -> "
+        "0.156 ms; 1x65536x16x128 0.634 -> 0.547; at 256 programs (8x4096x16x128) 0.182 -> 0.186 and at 128 "
+        "(4x4096x16x128) 0.092 -> 0.143: share 3. Gated (plan [32, 3 stages]): 1x16384x16x128 0.262 -> 0.248, "
+        "1x65536x16x128 0.941 -> 0.895, 8x4096x16x128 (256 programs) 0.385 -> 0.316, 4x4096x16x128 (128) 0.194 -> "
+        "0.275: share 1.9. A packed batch (32 sequences of 256-8192 tokens, run.py --breakdown with the launch as a "
+        "plan override): the ungated walk 0.899 -> 1.003 ms, the gated one 1.802 -> 1.792; its longest walk bounds "
+        "the call, and two programs per SM slow each one's steps, so packed calls keep the plan's launch",
+        _H100),
     "h200-split-delta": Source(
         "the delta family's sequence split by segment length on the H200 (bf16, benchmarks/segment_sweep.py: ours "
         "alone, or beside fla-core, in one process per op and shape, 3 alternating rounds, worst round). With the "

@@ -18,7 +18,7 @@ from fla_gen.features import Family, KernelFeatures, RankOne
 from fla_gen.ir import Apply, Node
 from fla_gen.measurements import SOURCES, explain, speaks_for
 from fla_gen.runtime.plan_types import HEAD_DIM_BUCKETS, LaunchConfig, Plan, SegmentRule, head_dim_bucket
-from fla_gen.tuned import FUSED_WALK, tuned_config
+from fla_gen.tuned import FUSED_WALK, FusedWalk, tuned_config
 
 
 @dataclass(frozen=True)
@@ -516,14 +516,15 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 
 def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[str], why: str,
-            min_sm_share: float | None = 0.0, reads_inverse: bool = False, inverse_min_group: int = 1) -> LaunchConfig:
+            min_sm_share: float | None = 0.0, reads_inverse: bool = False, inverse_min_group: int = 1,
+            two_per_sm: tuple[int, int, float] | None = None) -> LaunchConfig:
     """A LaunchConfig whose source is ``sources`` (ids, duplicates dropped) and whose reason is ``why`` followed
     by the prose of every id that is not a plain rule of this module (a measurement or a compile-time check)."""
     ids = [i for i in dict.fromkeys(sources) if i]
     cited = [i for i in ids if not SOURCES[i].text.startswith("rule")]
     reason = f"{why}; {explain(','.join(cited))}" if cited else why
     return LaunchConfig(block_k, block_v, warps, stages, reason, min_sm_share=min_sm_share, source=",".join(ids),
-                        reads_inverse=reads_inverse, inverse_min_group=inverse_min_group)
+                        reads_inverse=reads_inverse, inverse_min_group=inverse_min_group, two_per_sm=two_per_sm)
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
@@ -658,16 +659,35 @@ def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: Ker
                        f"fwd_wu's W and U" if walk.inverse_min_group > 1 else "")
             inverse = (f"; v_new from fwd_solve's inverse in the walk (no fwd_wu in the forward){grouped}"
                        if walk.inverse_source else "")
-            return _config(head_dim, bv, walk.num_warps, fit, ["fused-walk", walk.source, walk.inverse_source],
+            two_per_sm = _two_per_sm_launch(walk, shape, chunk_size, head_dim, elem, budget)
+            crowded = (f"; for a dense call whose grid at BV {two_per_sm[0]} reaches {two_per_sm[2]}x the SMs, BV "
+                       f"{two_per_sm[0]} at {two_per_sm[1]} stages instead, two programs per SM "
+                       f"(launch.fused_walk_launch)" if two_per_sm else "")
+            return _config(head_dim, bv, walk.num_warps, fit,
+                           ["fused-walk", walk.source, walk.inverse_source, walk.two_per_sm_source if two_per_sm
+                            else ""],
                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {walk.num_warps} warps, {fit} "
                            f"stages (~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
                            f"{'with' if gated else 'without'} a gate; taken while its V / BV * N*H programs reach "
                            f"{walk.min_sm_share}x the GPU's SMs (launch.fused_walk_block_v), else fwd_h + fwd_o"
-                           f"{inverse}", min_sm_share=walk.min_sm_share, reads_inverse=bool(walk.inverse_source),
-                           inverse_min_group=walk.inverse_min_group)
+                           f"{inverse}{crowded}", min_sm_share=walk.min_sm_share,
+                           reads_inverse=bool(walk.inverse_source), inverse_min_group=walk.inverse_min_group,
+                           two_per_sm=two_per_sm)
         bv //= 2
     return _never_launched(head_dim, "fused-walk-no-fit", f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s "
                                                           f"shared memory in {dtype}")
+
+
+def _two_per_sm_launch(walk: FusedWalk, shape: KernelShape, chunk_size: int, head_dim: int, elem: int,
+                       budget: int) -> tuple[int, int, float] | None:
+    """The measured second launch of a fused walk (FusedWalk.two_per_sm), where two programs of it fit the target's
+    shared memory by the model (each at most half of ``budget``); else None."""
+    if walk.two_per_sm is None:
+        return None
+    block_v, stages, share = walk.two_per_sm
+    bv = min(block_v, head_dim)
+    fits = _smem_bytes(shape, tile_dims(chunk_size, head_dim, bv), elem, stages) <= budget // 2
+    return (bv, stages, share) if fits else None
 
 
 def _never_launched(head_dim: int, source: str, why: str) -> LaunchConfig:

@@ -81,6 +81,13 @@ class FusedWalk:
     inverse_source: str = ""
     # The group size (value heads per key head, HV / H) from which the walk reads the inverse; below it, W and U.
     inverse_min_group: int = 1
+    # A second launch of the same kernel, (V tile, stages), whose shared memory holds two programs on one SM: taken
+    # for a dense call whose grid at that tile has two_per_sm_share x the SMs' programs or more
+    # (launch.fused_walk_launch). Then one program's start (its entering state, the pipeline's first loads) runs
+    # under the other's steps. Not for a packed batch: its walks differ in length, the longest one bounds the call,
+    # and two programs per SM slow each one's steps. None: the plan's launch always.
+    two_per_sm: tuple[int, int, float] | None = None
+    two_per_sm_source: str = ""
 
 
 def _never(source: str) -> FusedWalk:
@@ -91,10 +98,12 @@ def _never(source: str) -> FusedWalk:
 FUSED_WALK: dict[str, dict[tuple[str, bool, int], FusedWalk]] = {
     "sm90": {
         ("chunk_scalar_gate", False, 64): FusedWalk(64, 4, 3, 0.5, "h100-fused-walk-scalar"),
-        ("chunk_scalar_gate", False, 128): FusedWalk(64, 4, 3, 0.5, "h100-fused-walk-scalar"),
+        ("chunk_scalar_gate", False, 128): FusedWalk(64, 4, 3, 0.5, "h100-fused-walk-scalar",
+                                                     two_per_sm=(64, 2, 3.0), two_per_sm_source="h200-walk-two-per-sm"),
         ("chunk_scalar_gate", False, 256): FusedWalk(32, 4, 3, 0.5, "h100-fused-walk-scalar"),
         ("chunk_scalar_gate", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-scalar"),
-        ("chunk_scalar_gate", True, 128): FusedWalk(32, 4, 3, 1.9, "h100-fused-walk-scalar"),
+        ("chunk_scalar_gate", True, 128): FusedWalk(32, 4, 3, 1.9, "h100-fused-walk-scalar",
+                                                    two_per_sm=(64, 2, 1.9), two_per_sm_source="h200-walk-two-per-sm"),
         ("chunk_scalar_gate", True, 256): _never("h100-fused-walk-scalar"),
         ("chunk_delta", False, 64): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta", "h200-delta-walk-inverse"),
         ("chunk_delta", False, 128): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta"),

@@ -208,15 +208,30 @@ def strong_work_programs(items: int, device: torch.device) -> int:
 SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 
 
-def fused_walk_tile(plan: Plan, V: int, walks: int, device: torch.device) -> int:
-    """fwd_fused's V tile for this call, or 0 for fwd_h + fwd_o: fused_walk_block_v on the plan's fwd_fused
-    config and the device's SM count. A plan override that pins fwd_h or fwd_o but not fwd_fused runs the
-    split forward: an experiment that changes those kernels (sweep_plans.py) must time them, not the walk.
-    ``walks``: sequences times heads (N * H)."""
+def fused_walk_choice(cfg: LaunchConfig, V: int, walks: int, sms: int, packed: bool) -> tuple[int, int]:
+    """fwd_fused's (V tile, stages) on ``sms`` SMs for the plan's config ``cfg``, or (0, 0) for fwd_h + fwd_o.
+    A dense call (``packed`` False) whose grid at the config's two-per-SM tile (LaunchConfig.two_per_sm) reaches
+    its share of the SMs takes that tile and its stages: two programs per SM, one's start under the other's
+    steps. Else fused_walk_block_v on the plan's tile, at the plan's stages. ``walks``: sequences (or sequence
+    segments) times heads; ``sms`` 0 (CPU, or a pinned config): the plan's launch, always."""
+    if cfg.min_sm_share is not None and cfg.two_per_sm is not None and not packed and sms > 0:
+        block_v, stages, share = cfg.two_per_sm
+        BV = dot_tile(block_v, V)
+        if cdiv(V, BV) * walks >= share * sms:
+            return BV, stages
+    BV = fused_walk_block_v(dot_tile(cfg.block_v, V), V, walks, sms, cfg.min_sm_share)
+    return (BV, cfg.num_stages) if BV else (0, 0)
+
+
+def fused_walk_launch(plan: Plan, V: int, walks: int, device: torch.device, packed: bool) -> tuple[int, int]:
+    """fwd_fused's (V tile, stages) for this call, or (0, 0) for fwd_h + fwd_o: fused_walk_choice on the plan's
+    fwd_fused config and the device's SM count. A plan override that pins fwd_h or fwd_o but not fwd_fused runs
+    the split forward: an experiment that changes those kernels (sweep_plans.py) must time them, not the walk.
+    ``walks``: sequences (or segments) times heads; ``packed``: the call has cu_seqlens."""
     cfg = plan.config("fwd_fused")
     if not cfg.pinned and any(plan.config(stage).pinned for stage in SPLIT_FORWARD_STAGES):
-        return 0
-    return fused_walk_block_v(dot_tile(cfg.block_v, V), V, walks, split_sm_count(cfg, device), cfg.min_sm_share)
+        return 0, 0
+    return fused_walk_choice(cfg, V, walks, split_sm_count(cfg, device), packed)
 
 
 STATE_ROW_BLOCK = 64

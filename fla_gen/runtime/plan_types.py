@@ -48,6 +48,9 @@ class LaunchConfig:
     # heads each serve at least inverse_min_group value heads (launch.walk_reads_inverse).
     reads_inverse: bool = False
     inverse_min_group: int = 1
+    # For fwd_fused: (V tile, stages, share of the SMs) of a second launch that holds two programs per SM, taken for
+    # a dense call whose grid at that tile reaches the share (launch.fused_walk_launch); None: the config's always.
+    two_per_sm: tuple[int, int, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -1425,7 +1425,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     walks = N if segments is None else segments.count
-    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
     reads_inverse = BV and segments is None and launch.walk_reads_inverse(plan.config("fwd_fused"), 1)
     if reads_inverse:
         # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
@@ -1475,7 +1475,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             IS_VARLEN=walk_cu_seqlens is not None,
             FROM_INVERSE=Ai is not None,
             num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_stages=walk_stages,
         )
         return o, final_state, saved
     h, v_new, final_state, seg_states = _chunk_h(k, w, u, g_cum, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan)

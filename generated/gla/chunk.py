@@ -961,7 +961,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     )
     saved = (G, A, strong)
     walks = N if segments is None else segments.count
-    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
@@ -996,7 +996,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=dot_precision,
             num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_stages=walk_stages,
         )
         return o, final_state, saved
     h, ht, seg_states = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices,

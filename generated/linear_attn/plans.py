@@ -125,7 +125,8 @@ CHUNK_PLANS = {
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 64, kernels=(
         ("fwd_h", LaunchConfig(64, 64, 4, 3, source="tiles,split-walk,h100-split-walk")),
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("fwd_fused", LaunchConfig(128, 64, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
+        ("fwd_fused", LaunchConfig(128, 64, 4, 3, min_sm_share=0.5, two_per_sm=(64, 2, 3.0),
+                                   source="fused-walk,h100-fused-walk-scalar,h200-walk-two-per-sm")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),

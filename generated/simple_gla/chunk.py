@@ -873,7 +873,7 @@ def chunk_fwd(
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
     saved = ()
     walks = N if segments is None else segments.count
-    BV = launch.fused_walk_tile(plan, V, walks * H, k.device)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
@@ -908,7 +908,7 @@ def chunk_fwd(
             IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=launch.dot_precision(k.dtype),
             num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_stages=walk_stages,
         )
         return o, final_state, saved
     h, final_state, seg_states = _chunk_fwd_h(

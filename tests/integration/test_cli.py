@@ -52,11 +52,13 @@ def test_plan_rejects_unknown_arch():
 @pytest.mark.parametrize(("spec", "call", "expected"), [
     # 16 walks of at most 4 programs (V / 32) are fewer than half the H100's 132 SMs: 2 x 132 (segment, head)
     # walks wanted over 256 chunks -> segments of 16 chunks, 16 of them
+    # ... whose 256 (segment, head) walks make 512 programs at BV 64: the walk's two-per-SM launch
     ("simple_gla", "1x16384x16", ["split into segments of 16 chunks", "16 segments of 1024 tokens",
-                                  "fwd_fused    taken"]),
+                                  "fwd_fused    taken, BV=64, 2 stages (two programs per SM): 512 programs"]),
     ("gla", "1x65536x16", ["split into segments of 64 chunks", "16 segments of 4096 tokens", "not taken"]),
     # 64 walks make 256 programs: no split
-    ("linear_attn", "4x4096x16", ["not split: 64 (sequence, head) walks", "fwd_fused    taken"]),
+    ("linear_attn", "4x4096x16", ["not split: 64 (sequence, head) walks",
+                                  "fwd_fused    taken, BV=64, 3 stages: 128 programs"]),
     # the delta family's rule: at most one (segment, head) walk per SM, 8 segments of 32 chunks; the fused forward
     # walk then has programs enough
     ("gated_delta_rule", "1x16384x16", ["split into segments of 32 chunks", "8 segments of 2048 tokens",

@@ -48,6 +48,59 @@ def test_fused_walk_block_v(block_v, V, walks, sms, share, expected):
     assert launch.fused_walk_block_v(block_v, V, walks, sms, share) == expected
 
 
+def _sm90_walk(op: str):
+    rec = recurrence(op)
+    return plan_algorithm(rec, select_algorithms(rec)[0], "sm90", "bf16", 128).config("fwd_fused")
+
+
+@pytest.mark.parametrize(("op", "walks", "packed", "expected"), [
+    # the measured cases on the H200's 132 SMs (fla_gen/measurements.py, h200-walk-two-per-sm), without a gate:
+    # 1x16384x16x128 in 16 segments (256 walks, 512 programs at BV 64: at least 3 x 132) takes two per SM ...
+    ("linear_attn", 256, False, (64, 2)),
+    # ... 8x4096x16x128 (256 programs) and 4x4096x16x128 (128) keep the plan's one per SM ...
+    ("linear_attn", 128, False, (64, 3)),
+    ("linear_attn", 64, False, (64, 3)),
+    # ... and so does a packed batch, whatever its grid
+    ("linear_attn", 512, True, (64, 3)),
+    # with a gate, 8x4096x16x128 (256 programs at BV 64: 1.9 x 132 = 250.8) takes two per SM, 4x4096x16x128 (128)
+    # keeps the plan's BV 32 (256 programs), a packed batch too
+    ("simple_gla", 256, False, (64, 2)),
+    ("simple_gla", 128, False, (64, 2)),
+    ("simple_gla", 64, False, (32, 3)),
+    ("simple_gla", 512, True, (32, 3)),
+    # too few programs for either: fwd_h + fwd_o
+    ("simple_gla", 16, False, (0, 0)),
+    # the delta family has no two-per-SM launch
+    ("gated_delta_rule", 512, False, (32, 2)),
+])
+def test_fused_walk_choice(op, walks, packed, expected):
+    assert launch.fused_walk_choice(_sm90_walk(op), 128, walks, 132, packed) == expected
+
+
+def test_fused_walk_choice_off_cuda_and_when_never_taken():
+    """0 SMs (the interpreter, or a config pinned by a plan override): the plan's launch, dense or not; a config
+    that is never taken stays so, two-per-SM launch or not."""
+    cfg = _sm90_walk("simple_gla")
+    assert launch.fused_walk_choice(cfg, 128, 4096, 0, False) == (32, 3)
+    never = dataclasses.replace(cfg, min_sm_share=None)
+    assert launch.fused_walk_choice(never, 128, 4096, 132, False) == (0, 0)
+
+
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 50, 50, 130]])
+def test_op_takes_the_two_per_sm_launch_for_dense_calls_only(monkeypatch, cu_seqlens):
+    """simple_gla at head dim 128 in fp16 under sm90's plans on one SM (every grid reaches the share): a dense call
+    launches the walk at the two-per-SM tile and stages, a packed one at the plan's, and both match the float64
+    reference. (fp32's plans have no two-per-SM launch: two of its tiles do not fit one SM's shared memory.)"""
+    from tests.support import spy_on_launch
+
+    launches = spy_on_launch(monkeypatch, "fused_walk_launch")
+    dims = (1 if cu_seqlens else 2, 130, 1, 128, 128)
+    with forced_arch("sm90"), launch.forced_sm_count(1):
+        result = compare_chunk_op("simple_gla", dims, torch.float16, seed=3, cu_seqlens=cu_seqlens)
+    assert not result.failures(), result.errors
+    assert launches and set(launches) == {(32, 3) if cu_seqlens else (64, 2)}, launches
+
+
 @pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
 def test_planned_fused_walk_never_takes_one_stage(op):
     """One stage with a gate is miscompiled on the H100 under Triton 3.6 (fla_gen/tuned.py FUSED_WALK): every
@@ -82,11 +135,12 @@ def test_fused_walk_keeps_every_plan_row(op):
 
 def test_planned_fused_walk_tiles_on_the_h100():
     """The measured sm90 bf16 configs (fla_gen/tuned.py FUSED_WALK) come out of the planner unchanged."""
-    for op, expected in (("linear_attn", (64, 4, 3)), ("simple_gla", (32, 4, 3)), ("delta_rule", (64, 4, 3)),
-                         ("gated_delta_rule", (32, 4, 2))):
-        rec = recurrence(op)
-        cfg = plan_algorithm(rec, select_algorithms(rec)[0], "sm90", "bf16", 128).config("fwd_fused")
+    for op, expected, two_per_sm in (("linear_attn", (64, 4, 3), (64, 2, 3.0)),
+                                     ("simple_gla", (32, 4, 3), (64, 2, 1.9)),
+                                     ("delta_rule", (64, 4, 3), None), ("gated_delta_rule", (32, 4, 2), None)):
+        cfg = _sm90_walk(op)
         assert (cfg.block_v, cfg.num_warps, cfg.num_stages) == expected, (op, cfg)
+        assert cfg.two_per_sm == two_per_sm, (op, cfg)
 
 
 class KernelLog:

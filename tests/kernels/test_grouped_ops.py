@@ -86,10 +86,11 @@ def test_grouped_chunk_op_over_segments(op, B, T, cu_seqlens, many_sms, monkeypa
     """The grouped chunk ops with their sequences split into one-chunk segments (fla_gen/runtime/segments.py)
     match the float64 reference: outputs, final state and every gradient. gated_delta_rule's forward is its fused
     walk on 0 SMs under sm90's plans (sm80's, the default, have none) and the state walk on 1000."""
-    tiles = spy_on_launch(monkeypatch, "fused_walk_tile")
+    launches = spy_on_launch(monkeypatch, "fused_walk_launch")
     arch = forced_arch("sm90") if op == "gated_delta_rule" and not many_sms else contextlib.nullcontext()
     with segments.forced_segment_chunks(1), launch.forced_sm_count(1000 if many_sms else 0), arch:
         _check(_gdn_case("chunk", B, T, cu_seqlens, seed=14, op=op))
+    tiles = [bv for bv, _stages in launches]
     if op == "gated_delta_rule":
         assert tiles and all((tile > 0) == (not many_sms) for tile in tiles), tiles
 
@@ -256,16 +257,17 @@ def test_gate_parameters_on_the_key_heads_repeat_with_them(mode, tmp_path):
 @pytest.mark.parametrize("cu_seqlens", [None, [0, 63, 64, 64, 130]])
 def test_gated_delta_rule_grouped_fused_and_split_forwards(sms, cu_seqlens, monkeypatch):
     """With the H100's plans the forward is fwd_fused off CUDA (0 SMs) and fwd_h + fwd_o as on a GPU with 1000
-    SMs (launch.fused_walk_tile): both with grouped heads (w stored group-major, read with the q and k tiles'
+    SMs (launch.fused_walk_launch): both with grouped heads (w stored group-major, read with the q and k tiles'
     offsets) against the float64 reference, every gradient, over chunk boundaries and an empty sequence."""
     B, T = (2, 100) if cu_seqlens is None else (1, cu_seqlens[-1])
     x, keywords, flags = _gdn_flag_case(B, T, cu_seqlens, (32, 64) if cu_seqlens is None else (64, 32),
                                         gate_in_kernel=True, seed=37)
-    tiles = spy_on_launch(monkeypatch, "fused_walk_tile")
+    launches = spy_on_launch(monkeypatch, "fused_walk_launch")
     pkg = generated("gated_delta_rule")
     with forced_arch("sm90"), launch.forced_sm_count(sms):
         assert_gradients_match_reference(pkg.chunk_gated_delta_rule, pkg.gated_delta_rule_reference, x, keywords,
                                          **flags)
+    tiles = [bv for bv, _stages in launches]
     assert tiles and all((tile > 0) == (sms == 0) for tile in tiles), tiles
 
 
