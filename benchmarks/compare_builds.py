@@ -206,9 +206,8 @@ def time_variants(ops: list[str], shapes: list[tuple[int, ...]], variants: list[
                     mine = [times[r][i][m] for r in range(rounds)]
                     worst = min(times[r][0][m] / times[r][i][m] for r in range(rounds))
                     cells += [f"{statistics.median(mine):.3f}", f"{worst:.3f}"]
-                    kernels = [times[-1][j][2 + m] if len(times[-1][j]) > 2 else None for j in (0, i)]
-                    cells.append("-" if None in kernels else
-                                 f"{kernels[1]:.3f} ({kernels[0] / kernels[1]:.3f})")
+                    plan_k, variant_k = (times[-1][j][2 + m] if len(times[-1][j]) > 2 else None for j in (0, i))
+                    cells.append("-" if None in (plan_k, variant_k) else f"{variant_k:.3f} ({plan_k / variant_k:.3f})")
                 error = f"{errors[i]:.1e}" + ("" if errors[i] <= DIFFERS_FROM_PLAN else " **differs from the plan**")
                 lines.append(f"| {op} | {'x'.join(map(str, shape))} | {name_of(v)} | {error} | " + " | ".join(cells)
                              + " |")

@@ -81,11 +81,11 @@ class FusedWalk:
     inverse_source: str = ""
     # The group size (value heads per key head, HV / H) from which the walk reads the inverse; below it, W and U.
     inverse_min_group: int = 1
-    # A second launch of the same kernel, (V tile, stages), whose shared memory holds two programs on one SM: taken
-    # for a dense call whose grid at that tile has two_per_sm_share x the SMs' programs or more
-    # (launch.fused_walk_launch). Then one program's start (its entering state, the pipeline's first loads) runs
-    # under the other's steps. Not for a packed batch: its walks differ in length, the longest one bounds the call,
-    # and two programs per SM slow each one's steps. None: the plan's launch always.
+    # A second launch of the same kernel, (V tile, stages, share), whose shared memory holds two programs on one SM:
+    # taken for a dense call whose grid at that tile has share x the SMs' programs or more (launch.fused_walk_choice).
+    # Then one program's start (its entering state, the pipeline's first loads) runs under the other's steps. Not
+    # for a packed batch: its walks differ in length, the longest one bounds the call, and two programs per SM slow
+    # each one's steps. None: the plan's launch always.
     two_per_sm: tuple[int, int, float] | None = None
     two_per_sm_source: str = ""
 

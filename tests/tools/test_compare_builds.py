@@ -27,10 +27,10 @@ def test_bad_arguments_are_usage_errors(args, named):
 
 
 def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch):
-    """linear_attn at 1x64x2x64, fp32 on the CPU: the plan and one variant (fwd_fused on 8 warps, which the
-    interpreter ignores: the same output). The stand-in timer runs each timed call once and reports 1 ms under the
-    plan, 2 ms under a variant, and the stand-in kernel timer 0.5 and 0.25 ms, so the table must show worst
-    plan/variant 1.000 and 0.500, and kernel times 0.500 (1.000) and 0.250 (2.000)."""
+    """linear_attn at 1x64x2x64 and 1x32x2x64, fp32 on the CPU: the plan and one variant (fwd_fused on 8 warps,
+    which the interpreter ignores: the same output). The stand-in timer runs each timed call once and reports 1 ms
+    under the plan, 2 ms under a variant, and the stand-in kernel timer 0.5 and 0.25 ms, so the table must show, at
+    both shapes, worst plan/variant 1.000 and 0.500, and kernel times 0.500 (1.000) and 0.250 (2.000)."""
     switch_on()
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import _ops
@@ -47,16 +47,22 @@ def test_variants_time_each_override_against_the_plan_in_one_process(monkeypatch
         return 0.5 if active_plan_override() is None else 0.25
 
     monkeypatch.setattr(_ops, "kernel_ms", fake_kernel_ms)
-    lines = compare_builds.time_variants(["linear_attn"], [(1, 64, 2, 64)], [{"fwd_fused": {"num_warps": 8}}],
-                                         rounds=2, seed=0, device="cpu", dtype="float32", do_bench=fake_bench,
-                                         kernels=True)
-    assert len(lines) == 4, lines
-    plan_row, variant_row = lines[2].split(" | "), lines[3].split(" | ")
-    assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "0.500 (1.000)", "1.000", "1.000",
-                            "0.500 (1.000) |"], lines
-    assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "0.250 (2.000)", "2.000",
-                               "0.500", "0.250 (2.000) |"], lines
+    lines = compare_builds.time_variants(["linear_attn"], [(1, 64, 2, 64), (1, 32, 2, 64)],
+                                         [{"fwd_fused": {"num_warps": 8}}], rounds=2, seed=0, device="cpu",
+                                         dtype="float32", do_bench=fake_bench, kernels=True)
+    assert len(lines) == 6, lines  # the header, then the plan and the variant per shape
+    for plan_line, variant_line in (lines[2:4], lines[4:6]):
+        plan_row, variant_row = plan_line.split(" | "), variant_line.split(" | ")
+        assert plan_row[2:] == ["the plan", "0.0e+00", "1.000", "1.000", "0.500 (1.000)", "1.000", "1.000",
+                                "0.500 (1.000) |"], lines
+        assert variant_row[2:] == ['{"fwd_fused":{"num_warps":8}}', "0.0e+00", "2.000", "0.500", "0.250 (2.000)",
+                                   "2.000", "0.500", "0.250 (2.000) |"], lines
     assert active_plan_override() is None
+    # without kernel times (off CUDA, by default) no shape gets them, the second one included
+    lines = compare_builds.time_variants(["linear_attn"], [(1, 64, 2, 64), (1, 32, 2, 64)],
+                                         [{"fwd_fused": {"num_warps": 8}}], rounds=2, seed=0, device="cpu",
+                                         dtype="float32", do_bench=fake_bench)
+    assert all(line.split(" | ")[6] == "-" and line.endswith("| - |") for line in lines[2:]), lines
 
 
 def test_gate_scale_multiplies_the_per_token_log_gates_only(monkeypatch):
