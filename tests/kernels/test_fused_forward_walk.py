@@ -62,8 +62,8 @@ def _sm90_walk(op: str):
     ("linear_attn", 64, False, (64, 3)),
     # ... and so does a packed batch, whatever its grid
     ("linear_attn", 512, True, (64, 3)),
-    # with a gate, 8x4096x16x128 (256 programs at BV 64: 1.9 x 132 = 250.8) takes two per SM, 4x4096x16x128 (128)
-    # keeps the plan's BV 32 (256 programs), a packed batch too
+    # with a gate, 1x16384x16x128 in 16 segments (512 programs at BV 64) and 8x4096x16x128 (256: 1.9 x 132 = 250.8)
+    # take two per SM; 4x4096x16x128 (128) keeps the plan's BV 32 (256 programs), a packed batch too
     ("simple_gla", 256, False, (64, 2)),
     ("simple_gla", 128, False, (64, 2)),
     ("simple_gla", 64, False, (32, 3)),
