@@ -468,6 +468,17 @@ def narrow_global_loads(ptx: str) -> int:
                and _NARROW_LOAD.search(line))
 
 
+# ex2.approx.f32 without .ftz: what tl.exp on fp32 becomes. Its denormal handling adds instructions around each
+# MUFU.EX2; the templates' exp_ftz (fla_gen/runtime/triton_math.py) is ex2.approx.ftz.f32.
+_DENORMAL_EX2 = re.compile(r"\bex2\.approx\.f32\s")
+
+
+def denormal_exps(ptx: str) -> int:
+    """How many ex2.approx.f32 instructions (the non-flushing form of tl.exp) the PTX issues, counted
+    statically."""
+    return sum(1 for line in ptx.splitlines() if _DENORMAL_EX2.search(line))
+
+
 def uses_tcgen05(ttgir: str) -> bool:
     """Whether the kernel issues Blackwell ``tcgen05`` MMAs (``ttng.tc_gen5_mma``)."""
     return "ttng.tc_gen5_mma" in ttgir
@@ -505,7 +516,8 @@ class CompiledKernelReport:
 
     ``error`` is None on success; then ``shared_bytes`` is ``metadata.shared``, ``mma_to_mma`` the
     offending ``convert_layout`` lines, ``registers`` / ``spill_*`` come from ``ptxas -v`` (None when it
-    could not be read), and ``ttgir`` is the TTGIR text for debugging.
+    could not be read), ``narrow_loads`` / ``denormal_exps`` count PTX instructions (narrow_global_loads,
+    denormal_exps), and ``ttgir`` is the TTGIR text for debugging.
     """
 
     kernel: str
@@ -522,6 +534,7 @@ class CompiledKernelReport:
     spill_stores: int | None = None
     spill_loads: int | None = None
     narrow_loads: int = 0
+    denormal_exps: int = 0
     ttgir: str = ""
 
     @property
@@ -558,6 +571,7 @@ def compile_launch(launch: KernelLaunch, cap: int) -> CompiledKernelReport:
         spill_stores=usage.spill_stores,
         spill_loads=usage.spill_loads,
         narrow_loads=narrow_global_loads(ptx),
+        denormal_exps=denormal_exps(ptx),
         ttgir=ttgir,
     )
 

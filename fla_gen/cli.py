@@ -403,7 +403,8 @@ def _cmd_aot(args: argparse.Namespace) -> int:
             rows.append({"op": entry.op, "variant": entry.variant, "kernel": r.kernel, "launch": r.launch, "cap": r.cap,
                          "shared_bytes": r.shared_bytes, "registers": r.registers, "spill_stores": r.spill_stores,
                          "uses_wgmma": r.uses_wgmma, "num_warps": r.num_warps, "num_stages": r.num_stages,
-                         "narrow_loads": r.narrow_loads, "problems": list(entry.problems)})
+                         "narrow_loads": r.narrow_loads, "denormal_exps": r.denormal_exps,
+                         "problems": list(entry.problems)})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"{len(rows)} kernel compiles, {bad} with problems")

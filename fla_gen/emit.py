@@ -447,6 +447,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "cp_refusal": cp_refusal,
         "per_token_inputs": [i.name for i in rec.spec.inputs if i.per_token],
     })
+    ctx["uses_exp_ftz"] = "exp_ftz(" in ctx["kernels_source"]
     # host scalars with exp or log (param defaults, the output's scale) call math.*
     ctx["needs_math"] = any("math." in code for code in (ctx["kernel_scale"], inline_block, transform_block,
                                                           *(p["default_code"] for p in ctx["params"])))

@@ -21,6 +21,7 @@ from fla_gen.runtime.torch_op import (
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_guarded_inputs, validate_options
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import RECURRENT_PLANS
 from .transforms import _rope_coefs, gated_delta_rule_transform_args, gated_delta_rule_transforms
@@ -146,14 +147,14 @@ def gated_delta_rule_recurrent_fwd_kernel(
             b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
             b_beta = t15
             if USE_G:
-                b_h *= tl.exp(t23)
+                b_h *= exp_ftz(t23)
         else:
             b_q = tl.load(q + row_k * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
             b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
             b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
             b_beta = tl.load(beta + row).to(tl.float32)
             if USE_G:
-                b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+                b_h *= exp_ftz(tl.load(g + row).to(tl.float32))
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -256,7 +257,7 @@ def gated_delta_rule_recurrent_bwd_kernel(
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(beta + row).to(tl.float32)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+            b_h *= exp_ftz(tl.load(g + row).to(tl.float32))
         b_r = b_v - tl.sum(b_h * b_k[:, None], axis=0)
         tl.store(r_buf + row * V + o_v, b_r, mask=m_v)
         b_h += b_k[:, None] * (b_beta * b_r)[None, :]
@@ -299,7 +300,7 @@ def gated_delta_rule_recurrent_bwd_kernel(
         # dS'_t = dS_t - k_t dr_t^T; dS_{t-1} = D_t dS'_t
         b_dh -= b_k[:, None] * b_dr[None, :]
         if USE_G:
-            b_dh *= tl.exp(tl.load(g + row).to(tl.float32))
+            b_dh *= exp_ftz(tl.load(g + row).to(tl.float32))
     if USE_INITIAL_STATE:
         tl.store(dh0 + o_h, b_dh, mask=m_h)
 
@@ -316,7 +317,7 @@ def gated_delta_rule_recurrent_bwd_kernel(
         b_dr = tl.load(dr_buf + row * V + o_v, mask=m_v, other=0)
         b_beta = tl.load(beta + row).to(tl.float32)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+            b_h *= exp_ftz(tl.load(g + row).to(tl.float32))
         b_dk = tl.load(dk_buf + row * K + o_k, mask=m_k, other=0) - tl.sum(b_h * b_dr[None, :], axis=1)
         tl.store(dk + row * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_k)
         # the same update as in walk 1, from the stored r_t: S_t is rebuilt bit for bit

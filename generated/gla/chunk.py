@@ -22,6 +22,7 @@ from fla_gen.runtime.torch_op import (
     forward_outputs,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import CHUNK_PLANS
 
@@ -153,8 +154,8 @@ def gla_fwd_h_kernel(
         b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
         b_v = tl.load(v + (t0 * H + i_h) * V + o_y, mask=m_i[:, None] & m_v[None, :], other=0.)
         # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
-        b_kgt = b_kt * tl.exp(tl.where(m_ki, b_gl[:, None] - b_gt, float("-inf")))
-        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        b_kgt = b_kt * exp_ftz(tl.where(m_ki, b_gl[:, None] - b_gt, float("-inf")))
+        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
         b_gate_total += b_gl
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
@@ -198,10 +199,10 @@ def gla_fwd_A_chunk_kernel(
         b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
         # every |b_d| <= DIAG_SPAN here (the route)
         b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
-        b_e = tl.exp(b_d)
+        b_e = exp_ftz(b_d)
         b_q = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32)
         b_k = tl.load(k_c + o_x, mask=m_ik, other=0.).to(tl.float32)
-        b_kct = tl.trans((b_k * tl.exp(-b_d)).to(k.dtype.element_ty))
+        b_kct = tl.trans((b_k * exp_ftz(-b_d)).to(k.dtype.element_ty))
         b_A += tl.dot((b_q * (scale * b_e)).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
     # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
     m_A = o_i[None, :] <= o_i[:, None]
@@ -215,7 +216,7 @@ def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.c
     read transposed through the offsets, in k's dtype: every exponent <= 0."""
     b_k = tl.load(k_c + o_j[None, :] * (KH * K) + o_k[:, None], mask=m_k[:, None], other=0.).to(tl.float32)
     b_g = tl.load(g_c + o_j[None, :] * (H * K) + o_k[:, None], mask=m_k[:, None], other=0.)
-    return (b_k * tl.exp(b_gn[:, None] - b_g)).to(k_c.dtype.element_ty)
+    return (b_k * exp_ftz(b_gn[:, None] - b_g)).to(k_c.dtype.element_ty)
 
 
 @triton.jit
@@ -270,7 +271,7 @@ def gla_fwd_A_kernel(
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
-        b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+        b_eg = exp_ftz(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
         b_q = tl.load(q_c + o_x, mask=m_rk, other=0.).to(tl.float32)
         b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
         if 0 < i_i:
@@ -283,7 +284,7 @@ def gla_fwd_A_kernel(
             b_kgt = _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, 2 * BC + o_c, H, H, K)
             b_A2 += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
-        b_kdt = (tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+        b_kdt = (tl.load(k_c + o_xt, mask=m_kr, other=0.).to(tl.float32) * exp_ftz(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
                  ).to(k.dtype.element_ty)
         b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
@@ -309,7 +310,7 @@ def gla_fwd_A_kernel(
                 b_kj = tl.load(k_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
                 b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
                 m_a = m_rk & (o_c >= j)[:, None]
-                b_e = tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
+                b_e = exp_ftz(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
                 b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
                 b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
     tl.store(p_A + i_n + o_c[None, :], b_Ad.to(A.dtype.element_ty), mask=m_r[:, None])
@@ -348,7 +349,7 @@ def gla_bwd_dqk_intra_chunk_kernel(
     # every |b_d| <= DIAG_SPAN here (the route)
     b_d = tl.where(m_rk, tl.load(g_c + o_x, mask=m_rk, other=0.) -
                    tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
-    b_e, b_ei = tl.exp(b_d), tl.exp(-b_d)
+    b_e, b_ei = exp_ftz(b_d), exp_ftz(-b_d)
     # dA [BT, BT] of the chunk's valid rows, j <= i; fp32 operands as in bwd_dqk_intra_kernel (tf32 on 16-bit inputs)
     # whole rows loaded, the triangle selected after: a triangular load mask splits the rows into 4-byte loads
     b_dA = tl.where(o_r[None, :] <= o_r[:, None],
@@ -391,7 +392,7 @@ def gla_fwd_o_kernel(
         m_ik = m_i[:, None] & m_k[None, :]
         o_x = o_i[:, None] * (H * K) + o_k[None, :]
         b_qg = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * \
-            (scale * tl.exp(tl.load(g_c + o_x, mask=m_ik, other=0.)))
+            (scale * exp_ftz(tl.load(g_c + o_x, mask=m_ik, other=0.)))
         b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_o += tl.dot(b_qg.to(b_h.dtype), b_h, input_precision=DOT_PRECISION)
     # fwd_A wrote every column of the valid rows (zeros above the diagonal)
@@ -448,7 +449,7 @@ def gla_fwd_fused_kernel(
         b_v = tl.load(v + p_y + o_y, mask=m_iv, other=0.)
         # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o; G <= 0
         b_qg = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * \
-            (scale * tl.exp(tl.load(G + p_x + o_x, mask=m_ik, other=0.)))
+            (scale * exp_ftz(tl.load(G + p_x + o_x, mask=m_ik, other=0.)))
         b_o = tl.dot(b_qg.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=DOT_PRECISION)
         # fwd_A wrote every column of the valid rows (zeros above the diagonal)
         b_A = tl.load(A + (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.)
@@ -457,8 +458,8 @@ def gla_fwd_fused_kernel(
         # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
         b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
         b_kgt = tl.load(k + p_x + o_xt, mask=m_ki, other=0.).to(tl.float32) * \
-            tl.exp(tl.where(m_ki, b_gl[:, None] - tl.load(G + p_x + o_xt, mask=m_ki, other=0.), float("-inf")))
-        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+            exp_ftz(tl.where(m_ki, b_gl[:, None] - tl.load(G + p_x + o_xt, mask=m_ki, other=0.), float("-inf")))
+        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
 
@@ -500,8 +501,8 @@ def gla_bwd_dh_kernel(
         b_gt = tl.load(G + p_x + o_xt, mask=m_ki, other=0.)
         b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
         b_do = tl.load(do + (t0 * H + i_h) * V + o_y, mask=m_i[:, None] & m_v[None, :], other=0.)
-        b_qgt = b_qt * tl.exp(tl.where(m_ki, b_gt, float("-inf")))
-        b_dh = b_dh * tl.exp(b_gl)[:, None] + tl.dot(b_qgt.to(b_do.dtype), b_do, input_precision=DOT_PRECISION)
+        b_qgt = b_qt * exp_ftz(tl.where(m_ki, b_gt, float("-inf")))
+        b_dh = b_dh * exp_ftz(b_gl)[:, None] + tl.dot(b_qgt.to(b_do.dtype), b_do, input_precision=DOT_PRECISION)
     if STORE_INITIAL_STATE_GRADIENT:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_s, b_dh, mask=m_s)
 
@@ -545,7 +546,7 @@ def gla_bwd_dv_kernel(
             b_k = tl.load(k_c + o_x, mask=m_ik, other=0.)
             b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
             b_gl = tl.load(g_c + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
-            b_kg = b_k * tl.exp(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
+            b_kg = b_k * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
             b_dhs = tl.load(dh_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
             b_dv += tl.dot(b_kg.to(b_dhs.dtype), b_dhs, input_precision=DOT_PRECISION)
         tl.store(dv + p_y + o_y, b_dv.to(dv.dtype.element_ty), mask=m_iv)
@@ -607,14 +608,14 @@ def gla_bwd_dqk_intra_kernel(
         m_bk = (o_b < n_t)[:, None] & m_k[None, :]
         o_xb = o_b[:, None] * (H * K) + o_k[None, :]
         b_kg = (tl.load(k_c + o_xb, mask=m_bk, other=0.).to(tl.float32) *
-                tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
+                exp_ftz(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
         o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
         # whole rows loaded, the diagonal block's triangle selected after (a triangular load mask splits the rows
         # into 4-byte loads)
         m_dA = o_b[None, :] <= o_r[:, None]
         b_dq += tl.dot(tl.where(m_dA, tl.load(dA_c + o_dA, mask=m_r[:, None], other=0.), 0.), b_kg,
                        input_precision=DOT_PRECISION)
-    b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+    b_egn = exp_ftz(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
     b_dq = b_dq * b_egn
 
     # dk^col_j += sum_{i > m} dA_ij q_i exp(G_i - G_j) over the later sub-chunks (the columns' side), through this
@@ -626,7 +627,7 @@ def gla_bwd_dqk_intra_kernel(
         m_a = o_a < n_t
         m_ak = m_a[:, None] & m_k[None, :]
         o_xa = o_a[:, None] * (H * K) + o_k[None, :]
-        b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        b_ega = exp_ftz(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
         b_qg = (tl.load(q_c + o_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
         # dA^T [BC, BC], read transposed through the offsets: masked by its columns (the rows a) only, which keeps
         # the loads along the contiguous dim whole, and the rest selected after
@@ -634,7 +635,7 @@ def gla_bwd_dqk_intra_kernel(
         m_dAt = m_r[:, None] & (o_a[None, :] >= o_r[:, None])
         b_dkc += tl.dot(tl.where(m_dAt, tl.load(dA_c + o_dAt, mask=m_a[None, :], other=0.), 0.), b_qg,
                         input_precision=DOT_PRECISION)
-    b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
+    b_dkc = b_dkc * exp_ftz(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
     # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
@@ -654,7 +655,7 @@ def gla_bwd_dqk_intra_kernel(
         # i <= n + j exp(G_{n+j} - G_i) (the columns'), the two meet at 1 on i = n + j. Every entry is in [0, 1]
         # and the dA entries are loaded as zeros off each side's triangle, so no product needs a select.
         b_d = b_g - b_gj[None, :]
-        b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        b_e = exp_ftz(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
         # One row set keeps them: the same values, and dropping them was measured only with two.
         b_dq += tl.where(m_lo, b_aq[:, None] * b_kj[None, :] * b_e, 0.)
         b_dkc += tl.where(o_c[:, None] <= j, b_cq[:, None] * b_qj[None, :] * b_e, 0.)
@@ -709,15 +710,15 @@ def gla_bwd_dqkg_kernel(
     # the [BT, BK] tiles are read after the loop, one product at a time, to keep few of them live
     b_g = tl.load(G + p_x + o_x, mask=m_ik, other=0.)
     b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
-    b_dq = b_dq * (scale * tl.exp(tl.where(m_ik, b_g, float("-inf")))) + \
+    b_dq = b_dq * (scale * exp_ftz(tl.where(m_ik, b_g, float("-inf")))) + \
         tl.load(dq_intra + p_x + o_x, mask=m_ik, other=0.)
     tl.store(dq + p_x + o_x, b_dq.to(dq.dtype.element_ty), mask=m_ik)
     # dL/dG_i = q_i dq_i - k_i dk_i (+ b_dgl at the last token)
     b_dG = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * b_dq
-    b_dk = b_dk * tl.exp(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
+    b_dk = b_dk * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
     b_k = tl.load(k + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
     # d<D, h'>/dG_L = exp(G_L) rowsum(h * D) + sum_j k_j dk^inter_j
-    b_dgl = tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0)
+    b_dgl = exp_ftz(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0)
     b_dk += tl.load(dk_intra + p_x + o_x, mask=m_ik, other=0.)
     tl.store(dk + p_x + o_x, b_dk.to(dk.dtype.element_ty), mask=m_ik)
     b_dG -= b_k * b_dk
@@ -771,7 +772,7 @@ def gla_segment_scan_kernel(
         o_s = i_s.to(tl.int64) * H + i_h
         tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
         if USE_G:
-            b_s *= tl.exp(tl.load(seg_gate + o_s * K + o_k, mask=o_k < K, other=0.0))[:, None]
+            b_s *= exp_ftz(tl.load(seg_gate + o_s * K + o_k, mask=o_k < K, other=0.0))[:, None]
         b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
     if STORE_STATE_OUT:
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)

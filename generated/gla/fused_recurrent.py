@@ -20,6 +20,7 @@ from fla_gen.runtime.torch_op import (
     varlen_bounds,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import RECURRENT_PLANS
 
@@ -85,7 +86,7 @@ def gla_recurrent_fwd_kernel(
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+            b_h *= exp_ftz(b_gk)[:, None]
         b_h += b_k[:, None] * b_v[None, :]
         # o_t reads the state after this token's update
         b_o = tl.sum(b_h * b_q[:, None], 0)
@@ -169,7 +170,7 @@ def gla_recurrent_bwd_kernel(
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+            b_h *= exp_ftz(b_gk)[:, None]
         if USE_G:
             if t % BT == 0:
                 # anchor for the gate gradient: diag(exp(a_t)) S_{t-1}
@@ -222,7 +223,7 @@ def gla_recurrent_bwd_kernel(
         # dS_{t-1} receives dS_t through this token's transition (the decay of token t)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_dh *= tl.exp(b_gk)[:, None]
+            b_dh *= exp_ftz(b_gk)[:, None]
 
     if USE_INITIAL_STATE:
         tl.store(dh0 + o_h, b_dh, mask=m_h)

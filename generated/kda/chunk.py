@@ -23,6 +23,7 @@ from fla_gen.runtime.torch_op import (
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_guarded_inputs, validate_options
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import CHUNK_PLANS
 from .transforms import kda_transforms
@@ -165,11 +166,11 @@ def kda_fwd_A_chunk_kernel(
         b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
         # every |b_d| <= DIAG_SPAN here (the route)
         b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
-        b_e = tl.exp(b_d)
+        b_e = exp_ftz(b_d)
         b_q = tl.load(q_c + ko_x, mask=m_ik, other=0.).to(tl.float32)
-        tl.store(qg_c + ko_x, (b_q * tl.exp(b_g)).to(qg.dtype.element_ty), mask=m_ik)
+        tl.store(qg_c + ko_x, (b_q * exp_ftz(b_g)).to(qg.dtype.element_ty), mask=m_ik)
         b_k = tl.load(k_c + ko_x, mask=m_ik, other=0.).to(tl.float32)
-        b_kct = tl.trans((b_k * tl.exp(-b_d)).to(k.dtype.element_ty))
+        b_kct = tl.trans((b_k * exp_ftz(-b_d)).to(k.dtype.element_ty))
         b_A += tl.dot((b_q * (scale * b_e)).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
         b_M += tl.dot((b_k * b_e).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
     # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
@@ -261,18 +262,18 @@ def _kda_fwd_A_rows(
         b_gn = tl.load(g_c + i_n * (H * K) + o_k, mask=m_k, other=0.)
         b_g = tl.load(g_c + o_x, mask=m_rk, other=0.)
         b_span = tl.maximum(b_span, tl.max(tl.where(m_rk, tl.abs(b_g - b_gn[None, :]), 0.)))
-        b_eg = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+        b_eg = exp_ftz(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
         b_q = tl.load(q_c + ko_x, mask=m_rk, other=0.).to(tl.float32)
-        tl.store(qg_c + ko_x, (b_q * tl.exp(b_g)).to(qg.dtype.element_ty), mask=m_rk)
+        tl.store(qg_c + ko_x, (b_q * exp_ftz(b_g)).to(qg.dtype.element_ty), mask=m_rk)
         b_qg = (b_q * (scale * b_eg)).to(k.dtype.element_ty)
         b_kg = (tl.load(k_c + ko_x, mask=m_rk, other=0.).to(tl.float32) * b_eg).to(k.dtype.element_ty)
         b_kgt = (tl.load(k_c + ko_jt, mask=m_kj, other=0.).to(tl.float32) *
-                 tl.exp(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
+                 exp_ftz(tl.where(m_kj, b_gn[:, None] - tl.load(g_c + o_jt, mask=m_kj, other=0.), float("-inf")))
                  ).to(k.dtype.element_ty)
         b_Aoff += tl.dot(b_qg, b_kgt, input_precision=DOT_PRECISION)
         b_Moff += tl.dot(b_kg, b_kgt, input_precision=DOT_PRECISION)
         # capped at DIAG_SPAN: a no-op where the block is kept, no overflow where it is rebuilt
-        b_kdt = (tl.load(k_c + ko_xt, mask=m_kr, other=0.).to(tl.float32) * tl.exp(tl.minimum(
+        b_kdt = (tl.load(k_c + ko_xt, mask=m_kr, other=0.).to(tl.float32) * exp_ftz(tl.minimum(
             tl.where(m_kr, b_gn[:, None] - tl.load(g_c + o_xt, mask=m_kr, other=0.), float("-inf")), DIAG_SPAN))
                  ).to(k.dtype.element_ty)
         b_Ad += tl.dot(b_qg, b_kdt, input_precision=DOT_PRECISION)
@@ -299,7 +300,7 @@ def _kda_fwd_A_rows(
                 b_kj = tl.load(k_c + (i_n + j) * (HK * K) + o_k, mask=m_jk, other=0.).to(tl.float32)
                 b_gj = tl.load(g_c + (i_n + j) * (H * K) + o_k, mask=m_jk, other=0.)
                 m_a = m_rk & (o_c >= j)[:, None]
-                b_e = tl.exp(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
+                b_e = exp_ftz(tl.where(m_a, b_g - b_gj[None, :], float("-inf")))
                 b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
                 b_Ad += tl.where(o_c[None, :] == j, b_a[:, None], 0.)
                 # the same exp for M's rows
@@ -378,7 +379,7 @@ def kda_bwd_dqk_intra_kernel(
         o_xb = o_b[:, None] * (H * K) + o_k[None, :]
         ko_xb = o_b[:, None] * (HK * K) + o_k[None, :]
         b_kg = (tl.load(k_c + ko_xb, mask=m_bk, other=0.).to(tl.float32) *
-                tl.exp(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
+                exp_ftz(tl.where(m_bk, b_gn[None, :] - tl.load(g_c + o_xb, mask=m_bk, other=0.), float("-inf"))))
         o_dA = o_r[:, None] * (H * BT) + o_b[None, :]
         # whole rows loaded, the diagonal block's triangle selected after (a triangular load mask splits the rows
         # into 4-byte loads)
@@ -387,7 +388,7 @@ def kda_bwd_dqk_intra_kernel(
                        input_precision=DOT_PRECISION)
         b_dkr += tl.dot(tl.where(m_dA, tl.load(dAkk_c + o_dA, mask=m_r[:, None], other=0.), 0.), b_kg,
                         input_precision=DOT_PRECISION)
-    b_egn = tl.exp(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
+    b_egn = exp_ftz(tl.where(m_rk, b_g - b_gn[None, :], float("-inf")))
     b_dq = b_dq * b_egn
     b_dkr = b_dkr * b_egn
 
@@ -403,7 +404,7 @@ def kda_bwd_dqk_intra_kernel(
         m_ak = m_a[:, None] & m_k[None, :]
         o_xa = o_a[:, None] * (H * K) + o_k[None, :]
         ko_xa = o_a[:, None] * (HK * K) + o_k[None, :]
-        b_ega = tl.exp(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
+        b_ega = exp_ftz(tl.where(m_ak, tl.load(g_c + o_xa, mask=m_ak, other=0.) - b_gm[None, :], float("-inf")))
         b_qg = (tl.load(q_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
         b_kg = (tl.load(k_c + ko_xa, mask=m_ak, other=0.).to(tl.float32) * b_ega)
         # dA^T [BC, BC], read transposed through the offsets: masked by its columns (the rows a) only, which keeps
@@ -414,7 +415,7 @@ def kda_bwd_dqk_intra_kernel(
                         input_precision=DOT_PRECISION)
         b_dkc += tl.dot(tl.where(m_dAt, tl.load(dAkk_c + o_dAt, mask=m_a[None, :], other=0.), 0.), b_kg,
                         input_precision=DOT_PRECISION)
-    b_dkc = b_dkc * tl.exp(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
+    b_dkc = b_dkc * exp_ftz(tl.where(m_rk, b_gm[None, :] - b_g, float("-inf")))
 
     # strong gates: the diagonal BC x BC block entry by entry, one token n + j at a time (exponents <= 0):
     # dq_i += dA[i, n + j] k_{n+j} exp(G_i - G_{n+j}) for i >= n + j,
@@ -437,7 +438,7 @@ def kda_bwd_dqk_intra_kernel(
         # i <= n + j exp(G_{n+j} - G_i) (the columns'), the two meet at 1 on i = n + j. Every entry is in [0, 1]
         # and the dA entries are loaded as zeros off each side's triangle, so no product needs a select.
         b_d = b_g - b_gj[None, :]
-        b_e = tl.exp(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
+        b_e = exp_ftz(tl.where(m_rk & (i_j < n_t), tl.where(m_lo, b_d, -b_d), float("-inf")))
         # With two row sets the selects kept three more [BC, BK] tiles live (sm90: 255 registers and a spill
         # against 172, fla-gen aot), so they are dropped.
         b_ek = b_kj[None, :] * b_e
@@ -672,11 +673,11 @@ def kda_fwd_wu_kernel(
         ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :]
         b_k = tl.load(k + ko_tk, mask=m_tk, other=0.).to(tl.float32)
         b_g = tl.load(G + o_tk, mask=m_tk, other=0.)
-        b_w = tl.dot(b_Aw, (b_k * tl.exp(b_g)).to(k.dtype.element_ty))
+        b_w = tl.dot(b_Aw, (b_k * exp_ftz(b_g)).to(k.dtype.element_ty))
         tl.store(w + i_wg * HK * K + ko_tk, b_w.to(w.dtype.element_ty), mask=m_tk)
         # G at the chunk's last valid row; kd is 0 past the sequence end
         b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_tc * BT) - 1) * H * K + i_h * K + o_k, mask=o_k < K, other=0.)
-        b_kd = b_k * tl.exp(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
+        b_kd = b_k * exp_ftz(tl.where(m_tk, b_GL[None, :] - b_g, float("-inf")))
         tl.store(kd + i_wg * HK * K + ko_tk, b_kd.to(kd.dtype.element_ty), mask=m_tk)
     if DV_LOCAL:
         # P^T[j, i] = A_qk[i, j] for i >= j (fwd_A wrote zeros above the diagonal of every valid row)
@@ -783,7 +784,7 @@ def kda_fwd_h_kernel(
         b_GL = tl.load(G + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H * K + i_h * K + o_k, mask=m_k, other=0.)
         # h' = diag(exp(G_L)) h + kd^T v_new, kd = k exp(G_L - G) from fwd_wu
         b_kT = tl.load(kd + i_wg * HK * K + ko_kt, mask=m_kt, other=0.)
-        b_h *= tl.exp(b_GL)[:, None]
+        b_h *= exp_ftz(b_GL)[:, None]
         b_h = tl.dot(b_kT, b_vn.to(b_kT.dtype), b_h)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
@@ -1039,19 +1040,19 @@ def kda_bwd_dh_kernel(
             tl.store(dv_new + o_tv, b_dvn.to(dv_new.dtype.element_ty), mask=m_tv)
         b_dvn = b_dvn.to(w.dtype.element_ty)
         m_kt = m_r0[:, None] & m_t[None, :]
-        b_dh0 *= tl.exp(b_GL0)[:, None]
+        b_dh0 *= exp_ftz(b_GL0)[:, None]
         b_dh0 += tl.dot(tl.load(qg + i_wg * HK * K + ko_kt, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt, mask=m_kt, other=0.), b_dvn)
         if BK > 1 * RB:
             m_kt = m_r1[:, None] & m_t[None, :]
-            b_dh1 *= tl.exp(b_GL1)[:, None]
+            b_dh1 *= exp_ftz(b_GL1)[:, None]
             b_dh1 += tl.dot(tl.load(qg + i_wg * HK * K + ko_kt + 1 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 1 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 2 * RB:
             m_kt = m_r2[:, None] & m_t[None, :]
-            b_dh2 *= tl.exp(b_GL2)[:, None]
+            b_dh2 *= exp_ftz(b_GL2)[:, None]
             b_dh2 += tl.dot(tl.load(qg + i_wg * HK * K + ko_kt + 2 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 2 * RB, mask=m_kt, other=0.), b_dvn)
         if BK > 3 * RB:
             m_kt = m_r3[:, None] & m_t[None, :]
-            b_dh3 *= tl.exp(b_GL3)[:, None]
+            b_dh3 *= exp_ftz(b_GL3)[:, None]
             b_dh3 += tl.dot(tl.load(qg + i_wg * HK * K + ko_kt + 3 * RB, mask=m_kt, other=0.), b_do) - tl.dot(tl.load(w + i_wg * HK * K + ko_kt + 3 * RB, mask=m_kt, other=0.), b_dvn)
     if STORE_INITIAL_STATE_GRADIENT:
         p_dh0 = dh0 + i_nh.to(tl.int64) * K * V + o_rv
@@ -1136,7 +1137,7 @@ def kda_bwd_dqk_kernel(
             b_do = tl.load(do_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
             b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_v[:, None] & m_k[None, :], other=0.)
             b_dq = tl.dot(b_do, b_hT, b_dq)
-        tl.store(dq + o_tk, b_dq * (scale * tl.exp(tl.where(m_tk, tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))),
+        tl.store(dq + o_tk, b_dq * (scale * exp_ftz(tl.where(m_tk, tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))),
                  mask=m_tk)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         b_hdh = tl.zeros([BK], dtype=tl.float32)
@@ -1152,11 +1153,11 @@ def kda_bwd_dqk_kernel(
         # G is loaded again rather than kept live across the V loop: 244 registers and no spill against 255 and
         # 8 B spilled (fla-gen aot, sm90, bf16, head dim 128)
         b_gl = tl.load(G + o_gl + o_k, mask=m_k, other=0.)
-        b_dk *= tl.exp(tl.where(m_tk, b_gl[None, :] - tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))
+        b_dk *= exp_ftz(tl.where(m_tk, b_gl[None, :] - tl.load(G + o_tk, mask=m_tk, other=0.), float("-inf")))
         tl.store(dk_part + o_tk, b_dk, mask=m_tk)
         ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :]
         b_k = tl.load(k + ko_tk, mask=m_tk, other=0.).to(tl.float32)
-        tl.store(dgl + (i_hc * H + i_h) * K + o_k, tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0), mask=m_k)
+        tl.store(dgl + (i_hc * H + i_h) * K + o_k, exp_ftz(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0), mask=m_k)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -1207,7 +1208,7 @@ def kda_bwd_wy_kernel(
         m_kt = m_k[:, None] & m_t[None, :]
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
         ko_kt = t0 * HK * K + i_hk * K + o_i[None, :] * (HK * K) + o_k[:, None]
-        b_kgT = tl.load(k + ko_kt, mask=m_kt, other=0.).to(tl.float32) * tl.exp(tl.load(G + o_kt, mask=m_kt, other=0.))
+        b_kgT = tl.load(k + ko_kt, mask=m_kt, other=0.).to(tl.float32) * exp_ftz(tl.load(G + o_kt, mask=m_kt, other=0.))
         b_dw = tl.load(dw + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
         b_dAi = tl.dot(b_dw, b_kgT.to(k.dtype.element_ty), b_dAi)
 
@@ -1245,7 +1246,7 @@ def kda_bwd_wy_kernel(
         b_X = tl.dot(b_AiT, tl.load(dw + o_tk, mask=m_tk, other=0.))
         ko_tk = t0 * HK * K + i_hk * K + o_i[:, None] * (HK * K) + o_k[None, :]
         b_k = tl.load(k + ko_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_eg = tl.exp(tl.load(G + o_tk, mask=m_tk, other=0.))
+        b_eg = exp_ftz(tl.load(G + o_tk, mask=m_tk, other=0.))
         b_db += tl.sum(b_k * b_eg * b_X, axis=1)
         b_dkw = b_X * b_eg * b_beta[:, None]
         b_dks = tl.load(dk_part + o_tk, mask=m_tk, other=0.)

@@ -21,6 +21,7 @@ from fla_gen.runtime.torch_op import (
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
 from fla_gen.runtime.validate import validate_flags, validate_guarded_inputs, validate_options
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import RECURRENT_PLANS
 from .transforms import _rope_coefs, kda_transform_args, kda_transforms
@@ -147,7 +148,7 @@ def kda_recurrent_fwd_kernel(
             b_beta = t15
             if USE_G:
                 b_gk = t23
-                b_h *= tl.exp(b_gk)[:, None]
+                b_h *= exp_ftz(b_gk)[:, None]
         else:
             b_q = tl.load(q + row_k * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
             b_k = tl.load(k + row_k * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -155,7 +156,7 @@ def kda_recurrent_fwd_kernel(
             b_beta = tl.load(beta + row).to(tl.float32)
             if USE_G:
                 b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-                b_h *= tl.exp(b_gk)[:, None]
+                b_h *= exp_ftz(b_gk)[:, None]
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -256,7 +257,7 @@ def kda_recurrent_bwd_kernel(
         b_beta = tl.load(beta + row).to(tl.float32)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+            b_h *= exp_ftz(b_gk)[:, None]
         # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
         b_h += b_k[:, None] * b_u[None, :]
@@ -286,7 +287,7 @@ def kda_recurrent_bwd_kernel(
             b_beta = tl.load(beta + row).to(tl.float32)
             if USE_G:
                 b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-                b_h *= tl.exp(b_gk)[:, None]
+                b_h *= exp_ftz(b_gk)[:, None]
             # S_t = S'_t + k_t (beta_t r_t)^T, r_t = v_t - S'_t^T k_t
             b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
             b_h += b_k[:, None] * b_u[None, :]
@@ -306,7 +307,7 @@ def kda_recurrent_bwd_kernel(
             # S'_t = D_t S_{t-1}
             if USE_G:
                 if USE_G:
-                    b_e = tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32))
+                    b_e = exp_ftz(tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32))
                 b_hp *= b_e[:, None]
             b_r = b_v - tl.sum(b_hp * b_k[:, None], axis=0)
             # du_t = dS_t^T k_t; u_t = beta_t r_t gives dr_t = beta_t du_t and dbeta_t = r_t . du_t

@@ -23,6 +23,7 @@ from fla_gen.runtime.torch_op import (
 )
 from fla_gen.runtime.torch_op import shapes_only
 from fla_gen.runtime.validate import TensorArg, check_gates_respect_bound, validate_call, validate_gate_lower_bound
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
 
@@ -125,9 +126,9 @@ def rwkv7_fwd_intra_kernel(
                 b_GT = tl.cumsum(tl.load(g + o_kt, mask=m_kt, other=0.).to(tl.float32), axis=1)
             b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
             b_GmT = tl.sum(tl.where(o_i[None, :] == BT // 2, b_GT, 0.), axis=1)
-            b_qf = b_q * tl.exp(b_G - b_Gm[None, :])
-            b_af = b_a * tl.exp(b_Gx - b_Gm[None, :])
-            b_up = tl.exp(b_GmT[:, None] - b_GT)
+            b_qf = b_q * exp_ftz(b_G - b_Gm[None, :])
+            b_af = b_a * exp_ftz(b_Gx - b_Gm[None, :])
+            b_up = exp_ftz(b_GmT[:, None] - b_GT)
             b_Aqk = tl.dot(b_qf, b_kT * b_up, b_Aqk, input_precision=DOT_PRECISION)
             b_Aqb = tl.dot(b_qf, b_bT * b_up, b_Aqb, input_precision=DOT_PRECISION)
             b_Aak = tl.dot(b_af, b_kT * b_up, b_Aak, input_precision=DOT_PRECISION)
@@ -135,19 +136,19 @@ def rwkv7_fwd_intra_kernel(
         else:
             m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
             m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Ein = tl.where(m_in, exp_ftz(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, exp_ftz(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
             b_Aqk += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_Ein, axis=2)
             b_Aqb += tl.sum(b_q[:, None, :] * b_b[None, :, :] * b_Ein, axis=2)
             b_Aak += tl.sum(b_a[:, None, :] * b_k[None, :, :] * b_Est, axis=2)
             b_Aab += tl.sum(b_a[:, None, :] * b_b[None, :, :] * b_Est, axis=2)
         # exp(G_L - G_s) <= 1 and exp(G_t) <= 1
-        b_decay_to_end = tl.exp(b_GL[None, :] - b_G)
+        b_decay_to_end = exp_ftz(b_GL[None, :] - b_G)
         if USE_G:
             # the chunk's decay, for the state walks (fwd_h, bwd_dh), where loading and summing the
             # [BT, K] gate tile would sit on the critical path of every step
             tl.store(g_last + (i_hc * H + i_h) * K + o_k, b_GL, mask=o_k < K)
-        tl.store(qg + o_tk, (b_q * tl.exp(b_G)).to(qg.dtype.element_ty), mask=m_tk)
+        tl.store(qg + o_tk, (b_q * exp_ftz(b_G)).to(qg.dtype.element_ty), mask=m_tk)
         tl.store(kg + o_tk, (b_k * b_decay_to_end).to(kg.dtype.element_ty), mask=m_tk)
         tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
     # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
@@ -193,7 +194,7 @@ def rwkv7_fwd_intra_kernel(
         if USE_G:
             b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
             # exp(G_{t-1}) <= 1
-            b_a *= tl.exp(tl.cumsum(b_g, axis=0) - b_g)
+            b_a *= exp_ftz(tl.cumsum(b_g, axis=0) - b_g)
         tl.store(w + o_tk, tl.dot(b_P, b_a, input_precision="ieee").to(w.dtype.element_ty), mask=m_tk)
         if STORE_BWD:
             tl.store(ag + o_tk, b_a.to(ag.dtype.element_ty), mask=m_tk)
@@ -296,7 +297,7 @@ def rwkv7_fwd_h_kernel(
         if USE_G:
             # exp(G_L): the decay of the whole chunk, as fwd_intra stored it (fp32)
             b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
-            b_h *= tl.exp(b_GL)[:, None]
+            b_h *= exp_ftz(b_GL)[:, None]
         o_kt = t0 * H * K + i_h * K + o_i[None, :] * (H * K) + o_k[:, None]
         m_kt = m_k[:, None] & m_t[None, :]
         b_h = tl.dot(tl.load(bg + o_kt, mask=m_kt, other=0.), b_uc, b_h, input_precision=DOT_PRECISION)
@@ -443,7 +444,7 @@ def rwkv7_bwd_dh_kernel(
             tl.store(du + o_tv, b_duc, mask=m_tv)
         if USE_G:
             b_GL = tl.load(g_last + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
-            b_dh *= tl.exp(b_GL)[:, None]
+            b_dh *= exp_ftz(b_GL)[:, None]
         b_dh = tl.dot(tl.load(qg + o_kt, mask=m_kt, other=0.), b_do, b_dh, input_precision=DOT_PRECISION)
         b_dh = tl.dot(tl.load(w + o_kt, mask=m_kt, other=0.), b_duc, b_dh, input_precision=DOT_PRECISION)
     if STORE_INITIAL_STATE_GRADIENT:
@@ -739,9 +740,9 @@ def rwkv7_bwd_dqk_kernel(
         if use_dots:
             # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
             b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-            b_down = tl.exp(b_G - b_Gm[None, :])
-            b_downx = tl.exp(b_Gx - b_Gm[None, :])
-            b_up = tl.exp(b_Gm[None, :] - b_G)
+            b_down = exp_ftz(b_G - b_Gm[None, :])
+            b_downx = exp_ftz(b_Gx - b_Gm[None, :])
+            b_up = exp_ftz(b_Gm[None, :] - b_G)
             b_kf = b_k * b_up
             b_bf = b_b * b_up
             b_qf = b_q * b_down
@@ -757,16 +758,16 @@ def rwkv7_bwd_dqk_kernel(
         else:
             m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
             m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, tl.exp(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, tl.exp(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Ein = tl.where(m_in, exp_ftz(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+            b_Est = tl.where(m_st, exp_ftz(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
             b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
             b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
             b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
             b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
         # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
-        b_eG = tl.exp(b_G)
-        b_eGx = tl.exp(b_Gx)
-        b_eL = tl.exp(b_GL[None, :] - b_G)
+        b_eG = exp_ftz(b_G)
+        b_eGx = exp_ftz(b_Gx)
+        b_eL = exp_ftz(b_GL[None, :] - b_G)
         b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
         b_dag = tl.dot(b_PT, tl.load(dw + o_tk, mask=m_tk, other=0.), input_precision="ieee")
         b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
@@ -784,7 +785,7 @@ def rwkv7_bwd_dqk_kernel(
             b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
             b_dGx = b_a * b_da
             b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
-            b_gam = tl.exp(b_GL)
+            b_gam = exp_ftz(b_GL)
             b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
             b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
             tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)

@@ -20,6 +20,7 @@ from fla_gen.runtime.torch_op import (
     varlen_bounds,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import RECURRENT_PLANS
 
@@ -91,7 +92,7 @@ def rwkv7_recurrent_fwd_kernel(
         b_w = tl.sum(b_h * b_a[:, None], axis=0)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+            b_h *= exp_ftz(b_gk)[:, None]
         b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
         # o_t reads the state after this token's update
         b_o = tl.sum(b_h * b_q[:, None], 0)
@@ -192,7 +193,7 @@ def rwkv7_recurrent_bwd_kernel(
         b_w = tl.sum(b_h * b_a[:, None], axis=0)
         if USE_G:
             b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_h *= tl.exp(b_gk)[:, None]
+            b_h *= exp_ftz(b_gk)[:, None]
         b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_dq = tl.sum(b_h * b_do[None, :], axis=1) * scale
@@ -222,7 +223,7 @@ def rwkv7_recurrent_bwd_kernel(
             b_w = tl.sum(b_h * b_a[:, None], axis=0)
             if USE_G:
                 b_gk = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-                b_h *= tl.exp(b_gk)[:, None]
+                b_h *= exp_ftz(b_gk)[:, None]
             b_h += b_b[:, None] * b_w[None, :] + b_k[:, None] * b_v[None, :]
         tl.debug_barrier()
         for i in range(0, n_t):
@@ -247,7 +248,7 @@ def rwkv7_recurrent_bwd_kernel(
             if USE_G:
                 # dg_t = exp(λ_t) * rowsum(S_{t-1} * dS_t); the decay then carries dS_t to dS_{t-1}
                 if USE_G:
-                    b_e = tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32))
+                    b_e = exp_ftz(tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32))
                 b_dg = b_e * tl.sum(b_hp * b_dh, axis=1)
                 tl.store(dg + row * K + o_k, b_dg.to(dg.dtype.element_ty), mask=m_k)
                 b_dh *= b_e[:, None]

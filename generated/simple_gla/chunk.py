@@ -22,6 +22,7 @@ from fla_gen.runtime.torch_op import (
     forward_outputs,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import CHUNK_PLANS
 
@@ -139,8 +140,8 @@ def simple_gla_fwd_h_kernel(
             b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
             b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_j^T; exp(G_L - G_j) <= 1 for gates <= 0.0
-        b_v = (b_v * tl.exp(b_GL - b_G)[:, None]).to(b_v.dtype)
-        b_h *= tl.exp(b_GL)
+        b_v = (b_v * exp_ftz(b_GL - b_G)[:, None]).to(b_v.dtype)
+        b_h *= exp_ftz(b_GL)
         b_gate_total += b_GL
         b_h = tl.dot(b_kT, b_v, b_h, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
@@ -219,9 +220,9 @@ def simple_gla_fwd_o_kernel(
     if USE_GAMMA:
         b_gate += tl.where(m_t, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
     b_G = tl.cumsum(b_gate, axis=0)
-    b_o *= (scale * tl.exp(b_G))[:, None]
+    b_o *= (scale * exp_ftz(b_G))[:, None]
     # exp only where i >= j: G_i - G_j <= 0 there, while above the diagonal it could overflow.
-    b_A = b_A * (scale * tl.exp(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf"))))
+    b_A = b_A * (scale * exp_ftz(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf"))))
     p_v = v + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
     b_v = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
     b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
@@ -305,15 +306,15 @@ def simple_gla_fwd_fused_kernel(
         # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o
         b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PRECISION)
         b_A = tl.dot(b_q, b_kT, input_precision=DOT_PRECISION)
-        b_o *= (scale * tl.exp(b_G))[:, None]
+        b_o *= (scale * exp_ftz(b_G))[:, None]
         # exp only where i >= j: G_i - G_j <= 0 there, while above the diagonal it could overflow.
-        b_A = b_A * (scale * tl.exp(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf"))))
+        b_A = b_A * (scale * exp_ftz(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf"))))
         b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
         p_o = o + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_j^T; exp(G_L - G_j) <= 1 for gates <= 0.0
-        b_v = (b_v * tl.exp(b_GL - b_G)[:, None]).to(b_v.dtype)
-        b_h *= tl.exp(b_GL)
+        b_v = (b_v * exp_ftz(b_GL - b_G)[:, None]).to(b_v.dtype)
+        b_h *= exp_ftz(b_GL)
         b_G, b_GL = b_G_next, b_GL_next
         b_h = tl.dot(b_kT, b_v, b_h, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
@@ -388,8 +389,8 @@ def simple_gla_bwd_dh_kernel(
         if USE_G:
             b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
             b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
-        b_qT = (b_qT * (scale * tl.exp(b_G))[None, :]).to(b_qT.dtype)
-        b_dh *= tl.exp(b_GL)
+        b_qT = (b_qT * (scale * exp_ftz(b_G))[None, :]).to(b_qT.dtype)
+        b_dh *= exp_ftz(b_GL)
         b_dh = tl.dot(b_qT, b_do, b_dh, input_precision=DOT_PRECISION)
     if STORE_INITIAL_STATE_GRADIENT:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
@@ -491,7 +492,7 @@ def simple_gla_bwd_dqkvg_kernel(
         b_PT = tl.dot(b_k, b_qT, b_PT, input_precision=DOT_PRECISION)
     m_A = o_i[:, None] >= o_i[None, :]
     m_AT = o_i[:, None] <= o_i[None, :]
-    b_decayT = scale * tl.exp(tl.where(m_AT, b_G[None, :] - b_G[:, None], float("-inf")))
+    b_decayT = scale * exp_ftz(tl.where(m_AT, b_G[None, :] - b_G[:, None], float("-inf")))
     b_PT *= b_decayT
     # The intra-chunk parts of a_i = q_i . dq_i and b_j = k_j . dk_j are the column / row sums
     # of dP^T * P^T (one fp32 tile for both, so that they cancel in sum_i (a_i - b_i) exactly
@@ -500,9 +501,9 @@ def simple_gla_bwd_dqkvg_kernel(
     b_a = tl.sum(b_M, axis=0)
     b_b = tl.sum(b_M, axis=1)
     b_dPT = (b_dPT * b_decayT).to(k.dtype.element_ty)
-    b_dP = (b_dP * scale * tl.exp(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf")))).to(k.dtype.element_ty)
+    b_dP = (b_dP * scale * exp_ftz(tl.where(m_A, b_G[:, None] - b_G[None, :], float("-inf")))).to(k.dtype.element_ty)
     # exp(G_L - G_j): decay from token j to the chunk end, for the state terms of dk and dv.
-    b_to_end = tl.exp(b_GL - b_G)
+    b_to_end = exp_ftz(b_GL - b_G)
     b_PT = b_PT.to(k.dtype.element_ty)
     # 3. dv; the state term k @ D is accumulated first, then its rows are scaled.
     # c_j = k_j . (state part of dk_j) = v_j . (state part of dv_j)
@@ -538,7 +539,7 @@ def simple_gla_bwd_dqkvg_kernel(
             b_do = tl.load(do_c + o_i[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
             b_hT = tl.load(h_c + o_v[:, None] + o_k[None, :] * V, mask=m_v[:, None] & m_k[None, :], other=0.0)
             b_dq = tl.dot(b_do, b_hT, b_dq, input_precision=DOT_PRECISION)
-        b_dq *= (scale * tl.exp(b_G))[:, None]
+        b_dq *= (scale * exp_ftz(b_G))[:, None]
         # the state part of a_i = q_i . dq_i
         b_q = tl.load(q_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_a += tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
@@ -572,7 +573,7 @@ def simple_gla_bwd_dqkvg_kernel(
 
     # Gate gradient: dL/dG_i = a_i - b_i - c_i + [i == L] (E + sum_j c_j) (see the top of this
     # file); its reverse cumsum over the chunk is dgate_t = sum_{i>=t} (a_i - b_i) + sum_{j<t} c_j + E.
-    b_E = tl.exp(b_GL) * tl.sum(b_hdh, axis=0)
+    b_E = exp_ftz(b_GL) * tl.sum(b_hdh, axis=0)
     b_dgate = tl.cumsum(b_a - b_b, axis=0, reverse=True) + (tl.cumsum(b_c, axis=0) - b_c) + b_E
     if USE_G:
         tl.store(dg + (t0 + o_i) * H + i_h, b_dgate.to(dg.dtype.element_ty), mask=m_t)
@@ -629,7 +630,7 @@ def simple_gla_segment_scan_kernel(
         o_s = i_s.to(tl.int64) * H + i_h
         tl.store(seg_entry + o_s * K * V + o_kv, b_s, mask=m_kv)
         if USE_G:
-            b_s *= tl.exp(tl.load(seg_gate + o_s))
+            b_s *= exp_ftz(tl.load(seg_gate + o_s))
         b_s += tl.load(seg_state + o_s * K * V + o_kv, mask=m_kv, other=0.0)
     if STORE_STATE_OUT:
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)

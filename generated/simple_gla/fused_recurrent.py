@@ -20,6 +20,7 @@ from fla_gen.runtime.torch_op import (
     varlen_bounds,
 )
 from fla_gen.runtime.validate import TensorArg, validate_call
+from fla_gen.runtime.triton_math import exp_ftz
 
 from .plans import RECURRENT_PLANS
 
@@ -78,7 +79,7 @@ def simple_gla_recurrent_fwd_kernel(
     b_gamma = 0.0
     if USE_GAMMA:
         b_gamma = tl.load(g_gamma + i_h).to(tl.float32)
-        b_gamma_decay = tl.exp(b_gamma)
+        b_gamma_decay = exp_ftz(b_gamma)
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
@@ -91,7 +92,7 @@ def simple_gla_recurrent_fwd_kernel(
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32) + b_gamma)
+            b_h *= exp_ftz(tl.load(g + row).to(tl.float32) + b_gamma)
         elif USE_GAMMA:
             b_h *= b_gamma_decay
         b_h += b_k[:, None] * b_v[None, :]
@@ -171,7 +172,7 @@ def simple_gla_recurrent_bwd_kernel(
     b_gamma = 0.0
     if USE_GAMMA:
         b_gamma = tl.load(g_gamma + i_h).to(tl.float32)
-        b_gamma_decay = tl.exp(b_gamma)
+        b_gamma_decay = exp_ftz(b_gamma)
 
     # ---- forward walk: rebuild S_t token by token; dq_t = scale * S_t do_t ----
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
@@ -184,7 +185,7 @@ def simple_gla_recurrent_bwd_kernel(
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         if USE_G:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32) + b_gamma)
+            b_h *= exp_ftz(tl.load(g + row).to(tl.float32) + b_gamma)
         elif USE_GAMMA:
             b_h *= b_gamma_decay
         if USE_G or USE_GAMMA:
@@ -242,7 +243,7 @@ def simple_gla_recurrent_bwd_kernel(
                 b_dgamma += b_da
         # dS_{t-1} receives dS_t through this token's transition (the decay of token t)
         if USE_G:
-            b_dh *= tl.exp(tl.load(g + row).to(tl.float32) + b_gamma)
+            b_dh *= exp_ftz(tl.load(g + row).to(tl.float32) + b_gamma)
         elif USE_GAMMA:
             b_dh *= b_gamma_decay
 

@@ -108,3 +108,17 @@ def test_sm90_square_tiles_load_whole_rows(aot_reports):
                 checked += 1
                 assert r["narrow_loads"] < 32, f"{r['launch']}: {r['narrow_loads']} one- or two-byte global loads"
     assert checked > 20
+
+
+def test_template_decays_flush_denormals(aot_reports):
+    """The templates' exps go through exp_ftz (fla_gen/runtime/triton_math.py), never tl.exp: no ex2.approx.f32
+    without .ftz in any chunk or recurrent kernel. The spec's own transforms still render tl.exp (the pass
+    kernels, and the lines a recurrent kernel applies inline), and they show that the count sees it."""
+    _, rows = aot_reports
+    inline_transforms = {recurrence(spec.stem).spec.op for spec in SPECS if recurrence(spec.stem).spec.transforms}
+    from_spec = [r for r in rows if "_transform_" in r["kernel"]
+                 or (r["op"] in inline_transforms and "recurrent" in r["kernel"])]
+    from_templates = [r for r in rows if r not in from_spec]
+    assert len(from_templates) > 500 and any(r["denormal_exps"] for r in from_spec)
+    flagged = sorted({f"{r['kernel']} sm{r['cap']}" for r in from_templates if r["denormal_exps"]})
+    assert not flagged, flagged
