@@ -27,6 +27,12 @@ VARIANTS = tuple(sorted(p.stem for p in VARIANTS_DIR.glob("*.fla")))
 AWAITING_LOWERING: frozenset[str] = frozenset()
 
 
+# The imports of a generated module's kernels (templates/package/op_module.py.jinja), for tests that render a kernel
+# template alone into a module of their own.
+KERNEL_MODULE_HEADER = ("import torch\nimport triton\nimport triton.language as tl\n\n"
+                        "from fla_gen.runtime import launch\nfrom fla_gen.runtime.triton_math import exp_ftz\n\n\n")
+
+
 @cache
 def recurrence(op: str) -> Recurrence:
     return canonicalize(check_spec(read_spec(REPO_ROOT / "specs" / f"{op}.fla")))

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from fla_gen.emit import TEMPLATES_DIR, _environment
 from fla_gen.features import KernelFeatures, RankOne, TokenDecay
-from tests.support import REPO_ROOT
+from tests.support import KERNEL_MODULE_HEADER, REPO_ROOT
 
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n"
 COMBOS = {
     "kda": KernelFeatures(TokenDecay.CHANNEL, False, RankOne.DELTA),
     "dplr_scalar_head": KernelFeatures(TokenDecay.SCALAR, True, RankOne.GENERAL),
@@ -57,7 +56,7 @@ def test_new_combinations_compile_ahead_of_time(tmp_path: Path) -> None:
     for name, f in COMBOS.items():
         source = env_j.get_template("kernels/fused_recurrent.jinja").render(op=f"fr_aot_{name}", features=f,
                                                                            inline=None)
-        (tmp_path / f"fr_aot_{name}.py").write_text(HEADER + source)
+        (tmp_path / f"fr_aot_{name}.py").write_text(KERNEL_MODULE_HEADER + source)
     combos = {n: (f.kernel_args, f.channel_decay) for n, f in COMBOS.items()}
     (tmp_path / "fr_aot_call.py").write_text(textwrap.dedent(CALL.format(combos=combos)))
     out = tmp_path / "aot.json"

@@ -22,11 +22,10 @@ from fla_gen.plan import plan_algorithm, select_algorithms
 from fla_gen.runtime.torch_op import chunk_tables
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
-from tests.support import compare_chunk_op, generated, poisoned_allocations, recurrence
+from tests.support import KERNEL_MODULE_HEADER, compare_chunk_op, generated, poisoned_allocations, recurrence
 
 KDA = KernelFeatures(TokenDecay.CHANNEL, False, RankOne.DELTA)
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-PRELUDE = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n\n"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def kernels(tmp_path_factory):
     source = _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
         op="kda_channel", token_gate=KDA.token_gate, head_gate=False, features=KDA, inline=None)
     path = tmp_path_factory.mktemp("chunk_delta_channel") / "kda_channel_chunk.py"
-    path.write_text(PRELUDE + source)
+    path.write_text(KERNEL_MODULE_HEADER + source)
     spec = importlib.util.spec_from_file_location("kda_channel_chunk", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

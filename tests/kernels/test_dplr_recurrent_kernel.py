@@ -29,10 +29,9 @@ from fla_gen.emit import TEMPLATES_DIR, _environment
 from fla_gen.features import KernelFeatures, RankOne, TokenDecay
 from fla_gen.runtime.plan_types import LaunchConfig, Plan
 from fla_gen.sample import relative_error
-from tests.support import REPO_ROOT, poisoned_allocations
+from tests.support import KERNEL_MODULE_HEADER, REPO_ROOT, poisoned_allocations
 
 TEMPLATE = "kernels/fused_recurrent.jinja"
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n"
 
 
 def render(op: str, token_gate: str | None) -> str:
@@ -40,8 +39,8 @@ def render(op: str, token_gate: str | None) -> str:
     "channel") or none, with the imports a generated module puts above it."""
     env = _environment(str(TEMPLATES_DIR), trim=False)
     decay = TokenDecay.CHANNEL if token_gate == "channel" else TokenDecay.NONE
-    return HEADER + env.get_template(TEMPLATE).render(op=op, features=KernelFeatures(decay, False, RankOne.GENERAL),
-                                                      inline=None)
+    features = KernelFeatures(decay, False, RankOne.GENERAL)
+    return KERNEL_MODULE_HEADER + env.get_template(TEMPLATE).render(op=op, features=features, inline=None)
 
 
 def load_module(tmp_dir: Path, token_gate: str | None):

@@ -30,7 +30,7 @@ from fla_gen.runtime.plan_types import LaunchConfig, Plan
 from fla_gen.sample import relative_error
 from fla_gen.verify import TOLERANCE, verify_op
 from fla_gen.write import write_files
-from tests.support import poisoned_allocations
+from tests.support import KERNEL_MODULE_HEADER, poisoned_allocations
 
 HEADER = """\
 op {op}
@@ -132,7 +132,6 @@ def test_grouped_spec_matches_reference(packages, name: str) -> None:
 # The rendered template on its own: unfolded combinations and grouped value heads
 # --------------------------------------------------------------------------------------------------
 
-KERNEL_HEADER = "import torch\nimport triton\nimport triton.language as tl\n\nfrom fla_gen.runtime import launch\n\n"
 
 GROUPED = {
     # unfolded combinations (the lowering folds them for the chunk kernels)
@@ -156,7 +155,7 @@ def load_kernels(root: Path, name: str):
     source = env.get_template("kernels/fused_recurrent.jinja").render(op=f"grouped_{name}", features=GROUPED[name],
                                                                       inline=None)
     path = root / f"grouped_{name}.py"
-    path.write_text(KERNEL_HEADER + source)
+    path.write_text(KERNEL_MODULE_HEADER + source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
