@@ -15,6 +15,9 @@ both modes are compared with it. Cases:
           out-of-memory error T is halved again (the row says which T ran).
 - varlen: B=1, cu_seqlens (int32) cutting ``--grad-T`` tokens into 4 sequences of uneven lengths
           (one of 3 tokens), an initial state per sequence: o, final states and all gradients.
+- narrow: as grad at B=1 with V=16, narrower than the kernels' narrowest tile (launch.HEAD_DIM_MIN_TILE):
+          16-wide tiles once read past wgmma's shared memory on sm90 (an illegal address in KDA, a wrong o
+          in the gated delta rule).
 Error: ||ours - ref|| / ||ref|| (float64). Pass: every error <= ``--threshold`` (1e-2 for bf16),
 everything finite, shapes as fla's. Inputs are fresh random each run (seed printed); their
 distributions are those of benchmarks/_ops.py (gates logsigmoid(randn)/16).
@@ -38,6 +41,9 @@ for _p in (str(ROOT), str(HERE)):
 
 import _ops  # noqa: E402
 import torch  # noqa: E402
+
+# the narrow case's value head dim
+NARROW_V = 16
 
 
 def _leaf(t: torch.Tensor, dtype=None) -> torch.Tensor:
@@ -132,10 +138,10 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
     seed = _ops.seed_for(report["seed"], opname)
     scale = _ops.scale_for(op, K)
 
-    def states(N, s):
+    def states(N, s, Vs=V):
         gen = torch.Generator(device=device)
         gen.manual_seed(s)
-        h0 = 0.1 * torch.randn(N, H, K, V, generator=gen, device=device)
+        h0 = 0.1 * torch.randn(N, H, K, Vs, generator=gen, device=device)
         return h0, gen
 
     def ref_call(a, h0, kwargs, cu, grads, do=None, dht=None):
@@ -163,27 +169,30 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
     del a, ref
     _free(device)
 
-    # ---- gradients (and varlen) at a shorter T
+    # ---- gradients (and varlen) at a shorter T; "narrow": a 16-wide V, the head dim under the kernels' narrowest
+    # tile (launch.HEAD_DIM_MIN_TILE), where 16-wide tiles once read past wgmma's shared memory on sm90
     Tg = min(T, args.grad_T)
-    for case in ("grad", "varlen"):
+    for case in ("grad", "varlen", "narrow"):
         if time.monotonic() > deadline:
             row("-", case, status="SKIP", note="budget")
             continue
+        Vc = NARROW_V if case == "narrow" else V
         while True:
-            if case == "grad":
-                Bc, Tc, cu = B, Tg, None
+            if case in ("grad", "narrow"):
+                Bc, Tc, cu = (B if case == "grad" else 1), Tg, None
             else:
                 Bc, Tc = 1, Tg
                 cuts = [0, int(0.244 * Tc), int(0.244 * Tc) + 3, int(0.708 * Tc), Tc]
                 cu = torch.tensor(cuts, dtype=torch.int32, device=device)
             N = Bc if cu is None else len(cu) - 1
-            names, a, kwargs = _ops.make_inputs(op, (Bc, Tc, H, K, V), dtype, device, seed + 7 + len(case),
+            names, a, kwargs = _ops.make_inputs(op, (Bc, Tc, H, K, Vc), dtype, device, seed + 7 + len(case),
                                                 g_gamma=args.g_gamma, requires_grad=False,
                                                 gate_scale=args.gate_scale)
-            h0, gen = states(N, seed + 11 + len(case))
-            do = torch.randn(Bc, Tc, H, V, generator=gen, device=device)
-            dht = torch.randn(N, H, K, V, generator=gen, device=device)
-            label = f"{case} T={Tc}" + ("" if cu is None else f" cu={cuts}")
+            h0, gen = states(N, seed + 11 + len(case), Vc)
+            do = torch.randn(Bc, Tc, H, Vc, generator=gen, device=device)
+            dht = torch.randn(N, H, K, Vc, generator=gen, device=device)
+            label = f"{'grad' if case == 'narrow' else case} T={Tc}" + ("" if cu is None else f" cu={cuts}")
+            label += f" V={Vc}" if case == "narrow" else ""
             try:
                 t0 = time.perf_counter()
                 ref = ref_call(a, h0, kwargs, cu, True, do, dht)
@@ -205,9 +214,9 @@ def check_op(opname: str, args, report: dict, deadline: float) -> list[dict]:
                 break
         if ref is None:
             continue
-        shapes = {"o": (Bc, Tc, H, V), "ht": (N, H, K, V)}
+        shapes = {"o": (Bc, Tc, H, Vc), "ht": (N, H, K, Vc)}
         shapes.update({f"d{n}": tuple(x.shape) for n, x in zip(names, a, strict=True)})
-        shapes["dh0"] = (N, H, K, V)
+        shapes["dh0"] = (N, H, K, Vc)
         for mode, fn in fns.items():
             r = row(mode, label, ref_s=round(ref_s, 2))
             _run_and_compare(r, fn, (a, h0, scale, kwargs, cu, True, do, dht), ref, names, args.threshold, shapes)

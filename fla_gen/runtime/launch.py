@@ -28,14 +28,27 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+# The tile of a head dim narrower than this. With V = 16 (K = 128, bf16, H200, Triton 3.6) and 16-wide tiles,
+# KDA's fwd_o read shared memory out of bounds in the dot P @ v_new (compute-sanitizer; an illegal address) and the
+# gated delta rule's output was wrong (relative error 0.998) with no fault; V = 32 and 64 were exact. A [64, 16]
+# 16-bit wgmma operand has 32-byte rows, the width at which Triton is known to leave small-N wgmma operands
+# unpadded (its issue 10629). A 16-wide head dim therefore takes a 32-wide tile, half of it masked. Wider dims keep
+# the plan's tiles, 16 included: the whole-K walks' split to BV = 16 and the head-dim-256 plans are measured exact.
+HEAD_DIM_MIN_TILE = 32
+
+
 def dot_tile(block: int, dim: int) -> int:
-    """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot's minimum)."""
+    """A tile for a head dim: the plan's block, at most the padded dim, at least 16 (tl.dot's minimum); a dim
+    narrower than HEAD_DIM_MIN_TILE gets HEAD_DIM_MIN_TILE."""
+    if dim < HEAD_DIM_MIN_TILE:
+        return HEAD_DIM_MIN_TILE
     return max(16, min(block, next_power_of_2(dim)))
 
 
 def whole_dim_tile(dim: int) -> int:
-    """A tile that covers a whole head dim (the sequential kernels contract over all of K)."""
-    return max(16, next_power_of_2(dim))
+    """A tile that covers a whole head dim (the sequential kernels contract over all of K), at least
+    HEAD_DIM_MIN_TILE."""
+    return max(HEAD_DIM_MIN_TILE, next_power_of_2(dim))
 
 
 _forced_sm_count: int | None = None
@@ -153,10 +166,11 @@ def whole_k_walk_block_v(block_v: int, V: int, walks: int, sms: int) -> int:
     delta family; fla_gen/measurements.py, h100-split-whole-k): at 1x16384x16x128, 64 programs on 132 SMs, BV 32 -> 16
     took fwd_h 0.452 -> 0.420 ms (delta_rule) and 0.690 -> 0.634 (gated_delta_rule); at 2x8192x8x256, 128
     programs, BV 16 measured 0.589 ms against 0.353-0.374 at 32, hence half the SMs, not all of them. The
-    backward walk (bwd_dh) splits by the same rule: 0.349 -> 0.294 ms at 1x16384x16x128.
+    backward walk (bwd_dh) splits by the same rule: 0.349 -> 0.294 ms at 1x16384x16x128. A tile that halves
+    without adding programs (it already covers V: a head dim narrower than HEAD_DIM_MIN_TILE) stays.
     ``walks``: sequences times heads (N * H); ``sms`` 0 (CPU, or a pinned plan) keeps the plan's tile."""
     BV = block_v
-    while 2 * cdiv(V, BV) * walks <= sms and BV > WHOLE_K_WALK_MIN_BLOCK_V:
+    while 2 * cdiv(V, BV) * walks <= sms and BV > WHOLE_K_WALK_MIN_BLOCK_V and cdiv(V, BV // 2) > cdiv(V, BV):
         BV //= 2
     return BV
 

@@ -90,9 +90,23 @@ def test_plan_override_pins_the_state_walk_tiles(picked_tiles):
     # never below 16; off CUDA (0 SMs) nothing changes
     (64, 64, 1, 1000, 16),
     (32, 128, 16, 0, 32),
+    # a 16-wide V on its 32-wide tile (launch.dot_tile): halving would add no program, so it stays
+    (32, 16, 16, 132, 32),
+    (32, 16, 1, 1000, 32),
 ])
 def test_whole_k_walk_block_v(block_v, V, walks, sms, expected):
     assert launch.whole_k_walk_block_v(block_v, V, walks, sms) == expected
+
+
+@pytest.mark.parametrize(("block", "dim", "expected"), [
+    # head dims narrower than HEAD_DIM_MIN_TILE take it whatever the plan's block
+    (16, 16, 32), (64, 16, 32), (128, 8, 32),
+    # wider dims keep the plan's tile, 16 included (the head-dim-256 plans), capped at the padded dim
+    (16, 256, 16), (128, 32, 32), (128, 48, 64), (64, 128, 64),
+])
+def test_dot_tile_never_narrower_than_a_narrow_head_dim_needs(block, dim, expected):
+    assert launch.dot_tile(block, dim) == expected
+    assert launch.whole_dim_tile(min(dim, 16)) == launch.HEAD_DIM_MIN_TILE == 32
 
 
 @pytest.fixture
