@@ -31,9 +31,10 @@ def next_power_of_2(n: int) -> int:
 # The tile of a head dim narrower than this. With V = 16 (K = 128, bf16, H200, Triton 3.6) and 16-wide tiles,
 # KDA's fwd_o read shared memory out of bounds in the dot P @ v_new (compute-sanitizer; an illegal address) and the
 # gated delta rule's output was wrong (relative error 0.998) with no fault; V = 32 and 64 were exact. A [64, 16]
-# 16-bit wgmma operand has 32-byte rows, the width at which Triton is known to leave small-N wgmma operands
-# unpadded (its issue 10629). A 16-wide head dim therefore takes a 32-wide tile, half of it masked. Wider dims keep
-# the plan's tiles, 16 included: the whole-K walks' split to BV = 16 and the head-dim-256 plans are measured exact.
+# 16-bit wgmma operand has 32-byte rows, a width at which Triton does not pad small-N wgmma operands in shared
+# memory, so the MMA can read past them. A 16-wide head dim therefore takes a 32-wide tile, half of it masked. Wider
+# dims keep the plan's tiles, 16 included: the whole-K walks' split to BV = 16 and the head-dim-256 plans are
+# measured exact.
 HEAD_DIM_MIN_TILE = 32
 
 
