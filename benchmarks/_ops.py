@@ -25,6 +25,7 @@ import importlib
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,6 +417,24 @@ def kernel_breakdown(fn, grads=None, calls: int = 20) -> dict[str, float] | None
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1000 / calls
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
+def host_ms(fn, device, grads=None, calls: int = 20) -> float:
+    """The host's time to issue one ``fn()``, in ms: the median over ``calls`` calls of the CPU time from the
+    call's start to its return, the device synced before each call so that no wait for earlier work counts.
+    Kernels launch asynchronously, so on CUDA this is validation, planning, allocations and launches; a wall
+    time near it, above the kernel time, is a call whose GPU waits for the host. On the CPU it is the whole
+    call. ``grads``: as kernel_breakdown."""
+    times = []
+    for _ in range(calls):
+        for t in grads or ():
+            t.grad = None
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    sync(device)
+    return statistics.median(times)
 
 
 def kernel_ms(fn, grads=None, calls: int = 20) -> float | None:

@@ -27,6 +27,10 @@ How each number is measured (the same for every op, library and shape):
 - Memory floor: the bytes a forward must read and write (every input once, the output once; a decode step
   also reads and writes the fp32 state) over the device-to-device copy bandwidth measured in the same
   process (a 1 GiB copy, bytes read + written). ``ours/floor`` is ours' forward over that time.
+- Host time (the JSON's ``host``, and the --breakdown lines): the median over 20 calls of the CPU time from a
+  call's start to its return, the GPU synced before each. Kernels launch asynchronously, so this is what the
+  host spends issuing the call (validation, planning, allocations, launches). A wall time above the kernel
+  time and close to the host time is a host-bound call.
 - Inputs (benchmarks/_ops.py): q, k, v ~ randn in bf16; log gates g = logsigmoid(randn) / 16 in fp32; the
   delta family's keys l2-normalized over the head dim (as fla's tests do), beta = sigmoid(randn);
   DPLR / RWKV-7 decays -exp(-0.5) sigmoid(randn) in fp32. The forward is timed with autograd on (a
@@ -180,6 +184,7 @@ def summarize(row: dict) -> dict:
             rounds = row.get(lib, {}).get(mode)
             out[f"{lib}_{mode}_ms"] = statistics.median(rounds) if rounds else None
             out[f"{lib}_{mode}_kernels_ms"] = row.get("kernels", {}).get(lib, {}).get(mode)
+            out[f"{lib}_{mode}_host_ms"] = row.get("host", {}).get(lib, {}).get(mode)
         out[f"ratio_{mode}"] = worst_ratio(row.get("ours", {}).get(mode) or [], row.get("fla", {}).get(mode) or [])
         ours_k, fla_k = out[f"ours_{mode}_kernels_ms"], out[f"fla_{mode}_kernels_ms"]
         out[f"ratio_{mode}_kernels"] = fla_k / ours_k if ours_k and fla_k else None
@@ -364,10 +369,11 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
         for mode in list(row.get(lib, {})):
             if len(row[lib][mode]) != spec["rounds"]:
                 del row[lib][mode]
-    if spec["device"] == "cuda":
-        for lib in libs:
-            for mode in row.get(lib, {}):
-                fn, grads = calls[lib][mode]
+    for lib in libs:
+        for mode in row.get(lib, {}):
+            fn, grads = calls[lib][mode]
+            row.setdefault("host", {}).setdefault(lib, {})[mode] = _ops.host_ms(fn, spec["device"], grads)
+            if spec["device"] == "cuda":
                 per_kernel = _ops.kernel_breakdown(fn, grads)
                 row.setdefault("kernels", {}).setdefault(lib, {})[mode] = sum(per_kernel.values())
                 if spec.get("breakdown"):
@@ -504,7 +510,8 @@ BREAKDOWN_KERNELS = 8
 
 def render_breakdown(rows: list[dict]) -> list[str]:
     """Markdown lines for the rows timed with --breakdown: per op, shape, library and mode, the kernel time per
-    call and its BREAKDOWN_KERNELS largest kernels (ms per call, a kernel launched twice counted twice)."""
+    call, the host's time to issue the call, and the BREAKDOWN_KERNELS largest kernels (ms per call, a kernel
+    launched twice counted twice)."""
     lines = []
     for r in rows:
         for lib, modes in r.get("per_kernel", {}).items():
@@ -513,8 +520,10 @@ def render_breakdown(rows: list[dict]) -> list[str]:
                 rest = sum(list(per_kernel.values())[BREAKDOWN_KERNELS:])
                 cells = [f"{name} {_ops.fmt(ms)}" for name, ms in top]
                 cells += [f"the rest {_ops.fmt(rest)}"] if rest else []
-                lines.append(f"- {r['op']} {r['shape']} {lib} {mode}, {_ops.fmt(sum(per_kernel.values()))} ms: "
-                             + ", ".join(cells))
+                host = r.get("host", {}).get(lib, {}).get(mode)
+                issued = f", host {_ops.fmt(host)} ms" if host is not None else ""
+                lines.append(f"- {r['op']} {r['shape']} {lib} {mode}, {_ops.fmt(sum(per_kernel.values()))} ms of "
+                             f"kernels{issued}: " + ", ".join(cells))
     return ["## Where the kernel time goes (ms per call)", "", *lines, ""] if lines else []
 
 

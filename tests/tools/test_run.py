@@ -127,9 +127,10 @@ def test_breakdown_lists_the_largest_kernels():
     assert "Where the kernel time goes" not in run.render_markdown(report)  # not asked for: no section
     per_kernel = {f"k{i}": 0.1 * (12 - i) for i in range(10)}  # as kernel_breakdown returns it, largest first
     report["rows"][0]["per_kernel"] = {"ours": {"fwd": per_kernel}}
+    report["rows"][0]["host"] = {"ours": {"fwd": 0.42}}
     md = run.render_markdown(report)
     line = next(ln for ln in md.splitlines() if ln.startswith("- gla 1x16384x16x128 ours fwd"))
-    assert line.startswith("- gla 1x16384x16x128 ours fwd, 7.5 ms: k0 1.2, k1 1.1,")
+    assert line.startswith("- gla 1x16384x16x128 ours fwd, 7.5 ms of kernels, host 0.42 ms: k0 1.2, k1 1.1,")
     assert line.endswith("k7 0.5, the rest 0.7")  # k8 and k9
     assert run.parse_args(["--breakdown"]).breakdown and not run.parse_args([]).breakdown
 
@@ -148,6 +149,10 @@ def test_fake_run_end_to_end(tmp_path):
     # one untimed settling round per library and mode, apart from the timed ones
     assert set(la["settle"]) == {"ours", "fla"} and set(la["settle"]["ours"]) == {"fwd", "fwdbwd"}
     assert la["sdpa"]["fwd"] and la["ours_over_floor"] > 0
+    # the host's time per call, for every library and mode that was timed (on the CPU, the whole call)
+    both = {"fwd", "fwdbwd"}
+    assert {lib: set(modes) for lib, modes in la["host"].items()} == {"ours": both, "fla": both}
+    assert la["ours_fwd_host_ms"] > 0
     assert "fwdbwd" not in rows[("linear_attn", "decode:2x2x16")]["ours"]
     assert "no stand-in" in rows[("delta_rule", "1x32x2x16")]["notes"]["ours fwd"]
     # a library whose backward raises (fla's gated chunk_simple_gla on Hopper) still has its forward timed
