@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -336,13 +337,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from fla_gen.verify import run_checks
 
+    # every input, initial state and output weight below comes from torch's global generator
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
+    torch.manual_seed(seed)
     device = "cuda" if on_gpu else "cpu"
     dtype_name = args.dtype or ("bf16" if on_gpu else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     where = "GPU" if on_gpu else "CPU, Triton interpreter"
     grouped = f", HV = {args.value_heads}" if args.value_heads else ""
     print(f"{rec.spec.op}: {dtype_name}{grouped} on {device} ({where}); errors are ||out - ref|| / ||ref|| against the "
-          f"derived reference in float64, forward and backward, with an initial state")
+          f"derived reference in float64, forward and backward, with an initial state; random inputs of seed {seed} "
+          f"(--seed {seed} repeats them)")
     failed = False
     for r in run_checks(pkg, rec, dtype, device=device, shape=args.shape, long=args.long or on_gpu,
                         value_heads=args.value_heads):
@@ -474,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="value heads of a grouped spec (inputs on [.., HV, ..]): HV = r * H for every call's H "
                           "(default: H)")
     run.add_argument("--cpu", action="store_true", help="use the interpreter even when a GPU is present")
+    run.add_argument("--seed", type=int, metavar="N",
+                     help="seed of the random inputs (default: a fresh one, printed, so a failure can be repeated)")
     run.add_argument("-o", "--output", metavar="DIR",
                      help="output root (default: generated/ of the checkout when run inside it, else ./generated)")
     run.set_defaults(func=_cmd_run)

@@ -44,3 +44,22 @@ def test_run_prints_a_line_per_stage_and_fails_over_tolerance(tmp_path, monkeypa
     assert lines[0].endswith(f"built {tmp_path / 'out' / 'gla'}") and lines[0].startswith("[")
     assert "imported torch" in lines[1]
     assert lines[-2].rstrip().endswith("ok") and "FAIL {'o': 0.01}" in lines[-1]
+
+
+def test_run_prints_its_seed_and_repeats_a_draw_with_it(tmp_path, monkeypatch, capsys):
+    draws = []
+
+    def fake_checks(pkg, rec, dtype, *, device, shape, long, value_heads=None):
+        draws.append(torch.rand(3))  # the inputs come from the global generator, as verify_op's do
+        yield CaseResult("chunk B=2 T=97", torch.float32, {"o": 1e-7, "final_state": 1e-7}, 1.0)
+
+    monkeypatch.setattr(verify, "run_checks", fake_checks)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    assert main(["run", GLA, "-o", str(out)]) == 0
+    header = next(ln for ln in capsys.readouterr().out.splitlines() if "random inputs of seed" in ln)
+    seed = int(header.split("random inputs of seed ")[1].split()[0])
+    assert f"(--seed {seed} repeats them)" in header
+    assert main(["run", GLA, "-o", str(out), "--seed", str(seed)]) == 0
+    assert main(["run", GLA, "-o", str(out), "--seed", str(seed + 1)]) == 0
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
