@@ -4,16 +4,20 @@ launch costs nothing: what is left is validation, plan selection, allocations an
 
     python benchmarks/host_overhead.py [op ...] [--modes nograd,fwd,fwdbwd,decode] [--profile MODE]
     python benchmarks/host_overhead.py gated_delta_rule kda --group 2 --flags use_qk_l2norm_in_kernel
+    python benchmarks/host_overhead.py gated_delta_rule --modes fwd --shape 1x16384x16x128 --sms 132
 
 Modes: ``nograd`` chunk op under no_grad; ``fwd`` chunk op with inputs that require grad (forward
 only); ``fwdbwd`` forward and torch.autograd.grad; ``decode`` the fused_recurrent op at T = 1 with an
 initial state and output_final_state=True (the path that skips the dispatcher, runtime/torch_op.py).
-Runs on the CPU; no device is needed.
+Runs on the CPU; no device is needed. ``--sms`` plans the launches as on a GPU with that many SMs
+(launch.forced_sm_count): without it the CPU's plans run, which never split a sequence into segments, so a
+B = 1 call's segment walks and scan (and their launches) are left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import importlib
@@ -141,6 +145,9 @@ def main() -> int:
                         "e.g. use_qk_l2norm_in_kernel")
     default_shape = "x".join(map(str, CHUNK_SHAPE))
     parser.add_argument("--shape", default=default_shape, help=f"BxTxHxD of the chunk modes (default: {default_shape})")
+    parser.add_argument("--sms", type=int, default=0,
+                        help="plan the launches for a GPU with this many SMs (H100/H200: 132; default: the CPU's "
+                             "plans, which never split a sequence)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     flags = tuple(f for f in args.flags.split(",") if f)
@@ -150,6 +157,14 @@ def main() -> int:
     shape = tuple(int(n) for n in args.shape.split("x"))
     if len(shape) != 4:
         parser.error(f"--shape takes BxTxHxD, got {args.shape!r}")
+    if args.sms < 0:
+        parser.error(f"--sms must be 0 (the CPU's plans) or more, got {args.sms}")
+    with launch.forced_sm_count(args.sms) if args.sms else contextlib.nullcontext():
+        return _report(args, flags, shape)
+
+
+def _report(args: argparse.Namespace, flags: tuple[str, ...], shape: tuple[int, ...]) -> int:
+    """The table of host times per op and mode (or one cProfile), under the caller's SM count."""
     if args.profile:
         call = _callable(args.ops[0], args.profile, args.group, flags, shape)
         for _ in range(20):

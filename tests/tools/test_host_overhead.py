@@ -39,3 +39,32 @@ def test_every_mode_measures(monkeypatch, op, group, flags):
     chunk = generated(op).chunk
     assert not any(isinstance(getattr(chunk, n), host_overhead._Stub) for n in dir(chunk) if n.endswith("_kernel"))
     assert not isinstance(host_overhead.launch.sum_groups_kernel, host_overhead._Stub)
+
+
+def test_sms_plans_the_segment_walks_of_a_long_call(monkeypatch, capsys):
+    launched = []
+
+    class Counting(host_overhead._Stub):
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return super().__getitem__(grid)
+
+    def stub(module):
+        for name in dir(module):
+            if name.endswith("_kernel"):
+                monkeypatch.setattr(module, name, Counting(name))
+
+    monkeypatch.setattr(host_overhead, "_stub_kernels", stub)
+    argv = ["host_overhead.py", "gated_delta_rule", "--modes", "fwd", "--shape", "1x16384x2x16", "--iters", "1",
+            "--repeats", "1"]
+    for sms in ("0", "132"):
+        launched.clear()
+        monkeypatch.setattr(sys, "argv", [*argv, "--sms", sms])
+        assert host_overhead.main() == 0
+        scans = [n for n in launched if "segment_scan" in n]
+        # 2 heads on 132 SMs: the 16384 tokens split into segments; the CPU's plans never split
+        assert bool(scans) == (sms == "132"), (sms, sorted(set(launched)))
+    assert "gated_delta_rule" in capsys.readouterr().out
