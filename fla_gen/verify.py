@@ -57,7 +57,9 @@ def compare_with_reference(fn, ref_fn, inputs: dict[str, torch.Tensor], dtype: t
             (``cu_seqlens``, ``seqlen_offsets``).
 
     Returns:
-        CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``.
+        CaseResult with errors keyed ``o``, ``final_state`` and ``d<input>``: relative norm errors, a per-head
+        input's gradient ([H] or [H, K]) divided by the larger of its norm and its typical norm
+        (per_head_gradient_scales).
     """
     leaves = {n: t.detach().requires_grad_(True) for n, t in inputs.items()}
     state = {"initial_state": leaves["initial_state"]} if "initial_state" in leaves else {}
