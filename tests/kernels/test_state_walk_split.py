@@ -106,7 +106,11 @@ def test_whole_k_walk_block_v(block_v, V, walks, sms, expected):
 ])
 def test_dot_tile_never_narrower_than_a_narrow_head_dim_needs(block, dim, expected):
     assert launch.dot_tile(block, dim) == expected
-    assert launch.whole_dim_tile(min(dim, 16)) == launch.HEAD_DIM_MIN_TILE == 32
+
+
+@pytest.mark.parametrize("dim", [8, 16])
+def test_whole_dim_tile_of_a_narrow_head_dim(dim):
+    assert launch.whole_dim_tile(dim) == launch.HEAD_DIM_MIN_TILE == 32
 
 
 @pytest.fixture
