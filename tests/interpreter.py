@@ -22,15 +22,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kernels_decorated_for_the_gpu() -> list[str]:
-    """Modules already imported with compiled (not interpreted) Triton kernels: Triton's own library and this
-    repository's modules."""
+    """Modules already imported with compiled (not interpreted) Triton kernels, bare or wrapped by
+    runtime/cached_launch.py: Triton's own library and this repository's modules."""
     jit = sys.modules.get("triton.runtime.jit")
     if jit is None:
         return []
     return sorted(name for name, mod in list(sys.modules.items())
                   if (name == "triton.language.standard"
                       or str(getattr(mod, "__file__", None) or "").startswith(str(REPO_ROOT)))
-                  and any(isinstance(v, jit.JITFunction) for v in vars(mod).values()))
+                  and any(isinstance(v, jit.JITFunction) or isinstance(getattr(v, "jit", None), jit.JITFunction)
+                          for v in vars(mod).values()))
 
 
 def switch_on() -> None:

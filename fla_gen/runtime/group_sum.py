@@ -15,7 +15,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.cached_launch import cached_launch
 
+
+@cached_launch
 @triton.jit
 def sum_groups_kernel(partials, out, rows, G: tl.constexpr, K: tl.constexpr, BR: tl.constexpr,
                       BK: tl.constexpr):

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.launch import cdiv, next_power_of_2
 
 # Positions are computed in fp32 in the fused transform; integers above 2**24 are not exact there.
@@ -138,6 +139,7 @@ def rotary_tables(rotary_dim: int, max_positions: int, base: float = 10000.0, *,
 
 # ----------------------------------------------------------------------------- the standalone op
 
+@cached_launch
 @triton.jit
 def rotary_table_kernel(x, cos, sin, y, pos, NTOK, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                         BT: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr):

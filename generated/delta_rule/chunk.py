@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -28,6 +29,7 @@ from .plans import CHUNK_PLANS
 # Kernels (templates/kernels/chunk_delta.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_fwd_solve_kernel(
     k,
@@ -198,6 +200,7 @@ def delta_rule_fwd_solve_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_fwd_wu_kernel(
     q,
@@ -281,6 +284,7 @@ def delta_rule_fwd_wu_kernel(
             tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_fwd_h_kernel(
     k,
@@ -365,6 +369,7 @@ def delta_rule_fwd_h_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit
 def delta_rule_segment_scan_kernel(
     seg_state,
@@ -422,6 +427,7 @@ def delta_rule_segment_scan_kernel(
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_fwd_fused_kernel(
     q,
@@ -514,6 +520,7 @@ def delta_rule_fwd_fused_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_fwd_o_kernel(
     q,
@@ -586,6 +593,7 @@ def delta_rule_fwd_o_kernel(
     tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_bwd_dh_kernel(
     q,
@@ -716,6 +724,7 @@ def delta_rule_bwd_dh_kernel(
             tl.store(p_dh0 + 3 * RB * V, b_dh3, mask=m_r3[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_bwd_dqk_kernel(
     q,
@@ -837,6 +846,7 @@ def delta_rule_bwd_dqk_kernel(
         tl.store(dk_part + t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :], b_dk, mask=m_tk)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def delta_rule_bwd_wy_kernel(
     k,

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -31,6 +32,7 @@ from .transforms import gated_delta_rule_transforms
 # Kernels (templates/kernels/chunk_delta.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_solve_kernel(
     k,
@@ -235,6 +237,7 @@ def gated_delta_rule_fwd_solve_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_wu_kernel(
     q,
@@ -333,6 +336,7 @@ def gated_delta_rule_fwd_wu_kernel(
             tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_h_kernel(
     k,
@@ -432,6 +436,7 @@ def gated_delta_rule_fwd_h_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_segment_scan_kernel(
     seg_state,
@@ -489,6 +494,7 @@ def gated_delta_rule_segment_scan_kernel(
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_fused_kernel(
     q,
@@ -607,6 +613,7 @@ def gated_delta_rule_fwd_fused_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_fwd_o_kernel(
     q,
@@ -690,6 +697,7 @@ def gated_delta_rule_fwd_o_kernel(
     tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_bwd_dh_kernel(
     q,
@@ -838,6 +846,7 @@ def gated_delta_rule_bwd_dh_kernel(
             tl.store(p_dh0 + 3 * RB * V, b_dh3, mask=m_r3[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_bwd_dqk_kernel(
     q,
@@ -997,6 +1006,7 @@ def gated_delta_rule_bwd_dqk_kernel(
         tl.store(dg_part + (t0 + o_i) * H + i_h, b_dg, mask=m_t)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_bwd_wy_kernel(
     k,

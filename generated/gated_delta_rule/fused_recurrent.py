@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -29,6 +30,7 @@ from .transforms import _rope_coefs, gated_delta_rule_transform_args, gated_delt
 # Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_recurrent_fwd_kernel(
     q,
@@ -166,6 +168,7 @@ def gated_delta_rule_recurrent_fwd_kernel(
         tl.store(ht + o_h, b_h, mask=m_h)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gated_delta_rule_recurrent_bwd_kernel(
     q,

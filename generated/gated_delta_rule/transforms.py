@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 from fla_gen.runtime.torch_op import needs_autograd
@@ -56,6 +57,7 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
     return c, s, tl.broadcast_to(tl.where(rot, partner, o), c.shape)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_transform_h_fwd_kernel(
     x_q, x_k, y_q, y_k,
@@ -90,6 +92,7 @@ def gated_delta_rule_transform_h_fwd_kernel(
     tl.store(y_k + row * K + o_K, t9.to(y_k.dtype.element_ty), mask=m_r & m_K)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_transform_h_bwd_kernel(
     x_q, x_k, dy_q, dy_k, dx_q, dx_k,
@@ -219,6 +222,7 @@ _DTYPE_SOURCES_HV = [0, 1]
 _SWITCHED_HV = [(0, 0, ('flag_use_gate_in_kernel',)), (1, 1, ('flag_use_beta_sigmoid_in_kernel', 'flag_allow_neg_eigval'))]
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_transform_hv_fwd_kernel(
     x_g, x_beta, p_A_log, p_dt_bias, y_g, y_beta,
@@ -266,6 +270,7 @@ def gated_delta_rule_transform_hv_fwd_kernel(
         tl.store(y_beta + row, t5.to(y_beta.dtype.element_ty), mask=m_r)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_transform_hv_bwd_kernel(
     x_g, x_beta, p_A_log, p_dt_bias, dy_g, dy_beta, dx_g, dx_beta, dp_A_log, dp_dt_bias,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.launch import cdiv, next_power_of_2, row_tile, tile_of_one_token
 from fla_gen.runtime.rotary import rope_positions, validate_rope
 from fla_gen.runtime.torch_op import needs_autograd
@@ -49,6 +50,7 @@ def _rope_coefs(o, pos, R, log2_base, INTERLEAVED: tl.constexpr):
     return c, s, tl.broadcast_to(tl.where(rot, partner, o), c.shape)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_rope_transform_fwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, y_q, y_k, y_g, y_beta,
@@ -97,6 +99,7 @@ def gated_delta_rule_rope_transform_fwd_kernel(
     tl.store(y_beta + row, t12.to(y_beta.dtype.element_ty), mask=m_r)
 
 
+@cached_launch
 @triton.jit
 def gated_delta_rule_rope_transform_bwd_kernel(
     x_q, x_k, x_g, x_beta, p_A_log, p_dt_bias, dy_q, dy_k, dy_g, dy_beta, dx_q, dx_k, dx_g, dx_beta, dp_A_log, dp_dt_bias,

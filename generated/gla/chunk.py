@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -82,6 +83,7 @@ def _gla_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
     return n_strong > 0
 
 
+@cached_launch
 @triton.jit
 def gla_cumsum_kernel(
     g, G, strong, cu_seqlens, chunk_indices, T,
@@ -115,6 +117,7 @@ def gla_cumsum_kernel(
              (b_span > DIAG_SPAN).to(tl.int8))
 
 
+@cached_launch
 @triton.jit
 def gla_fwd_h_kernel(
     k, v, G, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, T,
@@ -164,6 +167,7 @@ def gla_fwd_h_kernel(
         tl.store(gate_total + i_nh.to(tl.int64) * K + o_k, b_gate_total, mask=m_k & (i_v == 0))
 
 
+@cached_launch
 @triton.jit
 def gla_fwd_A_chunk_kernel(
     q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
@@ -219,6 +223,7 @@ def _gla_column_factors(k_c, g_c, b_gn, o_k, m_k, o_j, KH: tl.constexpr, H: tl.c
     return (b_k * exp_ftz(b_gn[:, None] - b_g)).to(k_c.dtype.element_ty)
 
 
+@cached_launch
 @triton.jit
 def gla_fwd_A_kernel(
     q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
@@ -320,6 +325,7 @@ def gla_fwd_A_kernel(
     tl.store(p_A + o_z[None, :], tl.zeros([BC, BT], dtype=A.dtype.element_ty), mask=m_z)
 
 
+@cached_launch
 @triton.jit
 def gla_bwd_dqk_intra_chunk_kernel(
     q, k, G, dA, dq, dk, strong, cu_seqlens, chunk_indices, T,
@@ -364,6 +370,7 @@ def gla_bwd_dqk_intra_chunk_kernel(
     tl.store(dk + (t0 * H + i_h) * K + o_x, b_dkc, mask=m_rk)
 
 
+@cached_launch
 @triton.jit
 def gla_fwd_o_kernel(
     q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
@@ -402,6 +409,7 @@ def gla_fwd_o_kernel(
     tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gla_fwd_fused_kernel(
     q, k, v, G, A, o, h0, ht, cu_seqlens, scale, T,
@@ -464,6 +472,7 @@ def gla_fwd_fused_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
 
 
+@cached_launch
 @triton.jit
 def gla_bwd_dh_kernel(
     q, G, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
@@ -507,6 +516,7 @@ def gla_bwd_dh_kernel(
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_s, b_dh, mask=m_s)
 
 
+@cached_launch
 @triton.jit
 def gla_bwd_dv_kernel(
     k, v, G, A, do, dh, dv, dA, cu_seqlens, chunk_indices, scale, T,
@@ -555,6 +565,7 @@ def gla_bwd_dv_kernel(
     tl.store(dA + p_A + o_i[:, None] * (H * BT) + o_i[None, :], b_dA, mask=m_i[:, None])
 
 
+@cached_launch
 @triton.jit
 def gla_bwd_dqk_intra_kernel(
     q, k, G, dA, dq, dk, strong, cu_seqlens, chunk_indices, T,
@@ -664,6 +675,7 @@ def gla_bwd_dqk_intra_kernel(
     tl.store(dk + (t0 * H + i_h) * K + o_x, b_dkc, mask=m_rk)
 
 
+@cached_launch
 @triton.jit
 def gla_bwd_dqkg_kernel(
     q, k, v, G, h, do, dh, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
@@ -729,6 +741,7 @@ def gla_bwd_dqkg_kernel(
         tl.store(dg + p_x + o_x, b_dg.to(dg.dtype.element_ty), mask=m_ik)
 
 
+@cached_launch
 @triton.jit
 def gla_segment_scan_kernel(
     seg_state,

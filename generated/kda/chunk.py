@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -84,6 +85,7 @@ def _kda_strong_chunk(strong, i_bh, i_t, BH, NT, NF: tl.constexpr):
     return n_strong > 0
 
 
+@cached_launch
 @triton.jit
 def kda_cumsum_kernel(
     g, G, strong, strong_chunks, cu_seqlens, chunk_indices, T,
@@ -121,6 +123,7 @@ def kda_cumsum_kernel(
         tl.store(strong_chunks, 0)
 
 
+@cached_launch
 @triton.jit
 def kda_fwd_A_chunk_kernel(
     q, k, G, A, M, qg, strong, strong_chunks, cu_seqlens, chunk_indices, scale, T,
@@ -180,6 +183,7 @@ def kda_fwd_A_chunk_kernel(
     tl.store(M + p_A, tl.where(m_A, b_M, 0.).to(M.dtype.element_ty), mask=m_i[:, None])
 
 
+@cached_launch
 @triton.jit
 def kda_fwd_A_kernel(
     q, k, G, A, M, qg, strong_chunks, cu_seqlens, chunk_indices, scale, T, NT,
@@ -315,6 +319,7 @@ def _kda_fwd_A_rows(
     tl.store(p_M + o_z[None, :], tl.zeros([BC, BT], dtype=M.dtype.element_ty), mask=m_z)
 
 
+@cached_launch
 @triton.jit
 def kda_bwd_dqk_intra_kernel(
     q, k, G, dAqk, dAkk, dq_part, dk_part, dG, dq, dk, strong, cu_seqlens, chunk_indices, T,
@@ -458,6 +463,7 @@ def kda_bwd_dqk_intra_kernel(
     tl.store(dG + p_x, b_dG, mask=m_rk)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_solve_kernel(
     Mkk,
@@ -598,6 +604,7 @@ def kda_fwd_solve_kernel(
     tl.store(Ai_c + o_r3[:, None] * (H * BT) + o_r3[None, :], b_Ai33.to(Ai.dtype.element_ty), mask=m_r3[:, None])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_wu_kernel(
     q,
@@ -695,6 +702,7 @@ def kda_fwd_wu_kernel(
             tl.store(dv_local + o_tv, tl.dot(b_PT, b_do), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_h_kernel(
     kd,
@@ -790,6 +798,7 @@ def kda_fwd_h_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit
 def kda_segment_scan_kernel(
     seg_state,
@@ -848,6 +857,7 @@ def kda_segment_scan_kernel(
 
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_fwd_o_kernel(
     qg,
@@ -918,6 +928,7 @@ def kda_fwd_o_kernel(
     tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_bwd_dh_kernel(
     qg,
@@ -1065,6 +1076,7 @@ def kda_bwd_dh_kernel(
             tl.store(p_dh0 + 3 * RB * V, b_dh3, mask=m_r3[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_bwd_dqk_kernel(
     q, k, v_new, G, h, do, dh, dv_new, dq, dk_part, dw, dA, dgl, cu_seqlens, chunk_indices, scale, T,
@@ -1160,6 +1172,7 @@ def kda_bwd_dqk_kernel(
         tl.store(dgl + (i_hc * H + i_h) * K + o_k, exp_ftz(b_gl) * b_hdh + tl.sum(b_k * b_dk, axis=0), mask=m_k)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_bwd_wy_kernel(
     k, v, G, beta, Ai, Mkk, dw, dv_new, dk_part, dv, dbeta, dG, dA, cu_seqlens, chunk_indices, T,
@@ -1255,6 +1268,7 @@ def kda_bwd_wy_kernel(
     tl.store(dbeta + (t0 + o_i) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def kda_bwd_dqkg_kernel(
     dG, dgl, dg, cu_seqlens, chunk_indices, T,

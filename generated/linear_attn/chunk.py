@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -28,6 +29,7 @@ from .plans import CHUNK_PLANS
 # Kernels (templates/kernels/chunk_scalar_gate.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def linear_attn_fwd_h_kernel(
     k,
@@ -91,6 +93,7 @@ def linear_attn_fwd_h_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def linear_attn_fwd_o_kernel(
     q,
@@ -157,6 +160,7 @@ def linear_attn_fwd_o_kernel(
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def linear_attn_fwd_fused_kernel(
     q,
@@ -230,6 +234,7 @@ def linear_attn_fwd_fused_kernel(
                  mask=m_k[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def linear_attn_bwd_dh_kernel(
     q,
@@ -295,6 +300,7 @@ def linear_attn_bwd_dh_kernel(
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def linear_attn_bwd_dqkvg_kernel(
     q,
@@ -433,6 +439,7 @@ def linear_attn_bwd_dqkvg_kernel(
 
 
 
+@cached_launch
 @triton.jit
 def linear_attn_segment_scan_kernel(
     seg_state,

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.torch_op import (
     OpSignature,
@@ -26,6 +27,7 @@ from .plans import RECURRENT_PLANS
 # Kernels (templates/kernels/fused_recurrent.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit
 def linear_attn_recurrent_fwd_kernel(
     q,
@@ -90,6 +92,7 @@ def linear_attn_recurrent_fwd_kernel(
         tl.store(ht + o_h, b_h, mask=m_h)
 
 
+@cached_launch
 @triton.jit
 def linear_attn_recurrent_bwd_kernel(
     q,

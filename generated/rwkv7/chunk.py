@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_bounded_plan, select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -30,6 +31,7 @@ from .plans import BOUNDED_CHUNK_PLANS, CHUNK_PLANS
 # Kernels (templates/kernels/chunk_dplr.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_fwd_intra_kernel(
     q,
@@ -200,6 +202,7 @@ def rwkv7_fwd_intra_kernel(
             tl.store(ag + o_tk, b_a.to(ag.dtype.element_ty), mask=m_tk)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_fwd_h_kernel(
     v,
@@ -307,6 +310,7 @@ def rwkv7_fwd_h_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
+@cached_launch
 @triton.jit
 def rwkv7_segment_scan_kernel(
     seg_state,
@@ -364,6 +368,7 @@ def rwkv7_segment_scan_kernel(
         tl.store(state_out + i_nh.to(tl.int64) * K * V + o_kv, b_s, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_bwd_dh_kernel(
     g_last,
@@ -451,6 +456,7 @@ def rwkv7_bwd_dh_kernel(
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_bwd_dv_kernel(
     kg,
@@ -511,6 +517,7 @@ def rwkv7_bwd_dv_kernel(
     tl.store(dv + o_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_bwd_dA_kernel(
     v,
@@ -641,6 +648,7 @@ def rwkv7_bwd_dA_kernel(
     tl.store(dAab + o_tt, tl.where(o_i[:, None] > o_i[None, :], b_dAab, 0.), mask=m_tt)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def rwkv7_bwd_dqk_kernel(
     q,

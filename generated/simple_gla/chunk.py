@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from fla_gen.runtime import launch
+from fla_gen.runtime.cached_launch import cached_launch
 from fla_gen.runtime.context_parallel import ContextParallelOp, CPContext, run_context_parallel
 from fla_gen.runtime.dispatch import select_plan
 from fla_gen.runtime.plan_types import SegmentRule
@@ -29,6 +30,7 @@ from .plans import CHUNK_PLANS
 # Kernels (templates/kernels/chunk_scalar_gate.jinja): they use the torch, triton and tl imported above.
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_cumsum_kernel(
     g,
@@ -70,6 +72,7 @@ def simple_gla_cumsum_kernel(
     tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_fwd_h_kernel(
     k,
@@ -151,6 +154,7 @@ def simple_gla_fwd_h_kernel(
         tl.store(gate_total + i_nh, b_gate_total, mask=(i_k == 0) & (i_v == 0))
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_fwd_o_kernel(
     q,
@@ -230,6 +234,7 @@ def simple_gla_fwd_o_kernel(
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_fwd_fused_kernel(
     q,
@@ -325,6 +330,7 @@ def simple_gla_fwd_fused_kernel(
                  mask=m_k[:, None] & m_v[None, :])
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_bwd_dh_kernel(
     q,
@@ -399,6 +405,7 @@ def simple_gla_bwd_dh_kernel(
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T"])
 def simple_gla_bwd_dqkvg_kernel(
     q,
@@ -590,6 +597,7 @@ def simple_gla_bwd_dqkvg_kernel(
 
 
 
+@cached_launch
 @triton.jit
 def simple_gla_segment_scan_kernel(
     seg_state,
