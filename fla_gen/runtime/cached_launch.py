@@ -5,9 +5,9 @@ host's time per call bounds it. ``JITFunction.run`` (Triton 3.6) re-reads option
 cache key as a string and builds launch metadata for the (empty) launch hooks on every launch. :func:`cached_launch`
 keeps Triton's binder, so every launch is specialized exactly as Triton would (dtypes, 16-byte alignment, ints
 equal to 1 or divisible by 16, ``do_not_specialize``), and launches the binary compiled for that specialization
-directly. On the H200's host, in one process alternating the two paths, the host time per call fell 8-16%
-(linear_attn's forward 171 -> 146 us, simple_gla's forward+backward 1182 -> 1010, the gated delta rule's
-1493 -> 1298; bf16, 1x16384x16x128).
+directly. On the H200's host, both paths in one process, alternating, the host time per call fell 3-15% in two
+processes (linear_attn's forward 171 -> 146 and 332 -> 291 us, simple_gla's forward+backward 1182 -> 1010 and
+1398 -> 1198, the gated delta rule's 1493 -> 1298 and 1885 -> 1699; bf16, 1x16384x16x128).
 
 What it does not reproduce goes through ``JITFunction.run`` unchanged: the first launch of a specialization
 (which compiles it), a kernel with pre-run hooks, a global the kernel read that has changed since (Triton
