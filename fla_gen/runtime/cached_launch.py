@@ -43,6 +43,8 @@ class CachedLaunchKernel:
         self.compiled: dict[tuple, CompiledKernel] = {}
 
     def __getattr__(self, name: str) -> Any:
+        if name == "jit":  # an instance made without __init__ (copy, pickle): no recursion through self.jit
+            raise AttributeError(name)
         return getattr(self.jit, name)
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:

@@ -3,12 +3,12 @@ through JITFunction.run.
 
 The CPU has no GPU to compile for, so the kernel here is a real JITFunction whose binder is Triton's own, built for
 sm90 as on an H100, while its compile-and-launch (``JITFunction.run``) and the binary it returns are stand-ins that
-record what they were given. The GPU side (a misaligned input compiling its own specialization, outputs
-unchanged) is checked on the device by benchmarks/gpu_check.py's runs through every generated op.
+record what they were given. On the GPU every generated op launches through it (benchmarks/gpu_check.py).
 """
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -158,3 +158,7 @@ def test_the_interpreter_keeps_its_kernels():
     interpreted = InterpretedFunction(scale_kernel)
     assert cached_launch.cached_launch(interpreted) is interpreted
     assert isinstance(cached_launch.cached_launch(JITFunction(scale_kernel)), CachedLaunchKernel)
+
+
+def test_a_copy_reads_the_same_kernel(kernel):
+    assert copy.copy(kernel).fn is scale_kernel
