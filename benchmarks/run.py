@@ -29,8 +29,9 @@ How each number is measured (the same for every op, library and shape):
   process (a 1 GiB copy, bytes read + written). ``ours/floor`` is ours' forward over that time.
 - Host time (the JSON's ``host``, and the --breakdown lines): the median over 20 calls of the CPU time from a
   call's start to its return, the GPU synced before each. Kernels launch asynchronously, so this is what the
-  host spends issuing the call (validation, planning, allocations, launches). A wall time above the kernel
-  time and close to the host time is a host-bound call.
+  host spends issuing the call (validation, planning, allocations, launches). A library whose host time is at
+  least its kernel time is host-bound (the JSON's ``host_bound_<mode>``): its wall ratio is marked ``h`` in the
+  table, as it measures the machine's CPU as much as the kernels.
 - Inputs (benchmarks/_ops.py): q, k, v ~ randn in bf16; log gates g = logsigmoid(randn) / 16 in fp32; the
   delta family's keys l2-normalized over the head dim (as fla's tests do), beta = sigmoid(randn);
   DPLR / RWKV-7 decays -exp(-0.5) sigmoid(randn) in fp32. The forward is timed with autograd on (a
@@ -175,9 +176,16 @@ def worst_ratio(ours: list[float], fla: list[float]) -> float | None:
     return min(f / o for o, f in pairs)
 
 
+def host_bound(host_ms: float | None, kernels_ms: float | None) -> bool:
+    """Whether a call's host time (to issue it) is at least its GPU kernel time: in a loop of such calls the GPU
+    waits for the host, and the wall time measures the machine's CPU as much as the kernels."""
+    return host_ms is not None and kernels_ms is not None and host_ms >= kernels_ms
+
+
 def summarize(row: dict) -> dict:
     """Derived columns of one (op, shape) row: median ms per library and mode, the worst fla/ours ratio per
-    mode, each library's kernel time and fla/ours of it, the forward's memory floor and ours over it."""
+    mode, each library's kernel time and fla/ours of it, the libraries whose calls are host-bound per mode, the
+    forward's memory floor and ours over it."""
     out: dict = {}
     for mode in MODES:
         for lib in LIBS:
@@ -188,6 +196,8 @@ def summarize(row: dict) -> dict:
         out[f"ratio_{mode}"] = worst_ratio(row.get("ours", {}).get(mode) or [], row.get("fla", {}).get(mode) or [])
         ours_k, fla_k = out[f"ours_{mode}_kernels_ms"], out[f"fla_{mode}_kernels_ms"]
         out[f"ratio_{mode}_kernels"] = fla_k / ours_k if ours_k and fla_k else None
+        out[f"host_bound_{mode}"] = [lib for lib in LIBS if host_bound(out[f"{lib}_{mode}_host_ms"],
+                                                                       out[f"{lib}_{mode}_kernels_ms"])]
     if row.get("bytes_fwd") and row.get("copy_tbs"):
         out["floor_fwd_ms"] = floor_ms(row["bytes_fwd"], row["copy_tbs"])
         if out["ours_fwd_ms"]:
@@ -460,8 +470,9 @@ def build_report(shape_results: list[dict], meta: dict) -> dict:
     return {"meta": {**meta, "device": ", ".join(devices)}, "rows": rows, "shape_notes": notes}
 
 
-def _ratio_cell(x: float | None) -> str:
-    return "-" if x is None else (f"**{x:.2f}**" if x < 1.0 else f"{x:.2f}")
+def _ratio_cell(x: float | None, host_bound_libs: list[str] | None = None) -> str:
+    cell = "-" if x is None else (f"**{x:.2f}**" if x < 1.0 else f"{x:.2f}")
+    return f"{cell} h" if x is not None and host_bound_libs else cell
 
 
 def render_markdown(report: dict) -> str:
@@ -473,8 +484,10 @@ def render_markdown(report: dict) -> str:
              f"{meta.get('dtype')}, {meta.get('rounds')} rounds. `{meta.get('command')}`", "",
              "ms: median over the rounds of do_bench medians. fla/ours: the worst round (min over rounds of fla / ours "
              "timed in alternation; > 1: ours faster; **bold** below 1). kernels: fla/ours of the GPU's kernel time "
-             "per call (torch.profiler), which leaves out the time the GPU waits for the host. floor: inputs read "
-             "once and the output written once at the copy bandwidth measured in the same process.", ""]
+             "per call (torch.profiler), which leaves out the time the GPU waits for the host. h: a host-bound cell, "
+             "where a library's host time to issue a call is at least its kernel time (Notes: which); its wall ratio "
+             "depends on the machine's CPU, and the kernel ratio is the comparison of the GPU work. floor: inputs "
+             "read once and the output written once at the copy bandwidth measured in the same process.", ""]
     hdr = ["op", "shape", "ours fwd", "fla fwd", "fla/ours fwd", "kernels fwd", "ours f+b", "fla f+b",
            "fla/ours f+b", "kernels f+b", "sdpa fwd", "sdpa f+b", "floor fwd", "ours/floor"]
     footnotes: list[str] = []
@@ -487,14 +500,21 @@ def render_markdown(report: dict) -> str:
             cells = [r["op"], r["shape"]]
             for key in ("ours_fwd_ms", "fla_fwd_ms"):
                 cells.append(_ops.fmt(r.get(key)))
-            cells += [_ratio_cell(r.get("ratio_fwd")), _ratio_cell(r.get("ratio_fwd_kernels"))]
+            cells += [_ratio_cell(r.get("ratio_fwd"), r.get("host_bound_fwd")), _ratio_cell(r.get("ratio_fwd_kernels"))]
             for key in ("ours_fwdbwd_ms", "fla_fwdbwd_ms"):
                 cells.append(_ops.fmt(r.get(key)))
-            cells += [_ratio_cell(r.get("ratio_fwdbwd")), _ratio_cell(r.get("ratio_fwdbwd_kernels"))]
+            cells += [_ratio_cell(r.get("ratio_fwdbwd"), r.get("host_bound_fwdbwd")),
+                      _ratio_cell(r.get("ratio_fwdbwd_kernels"))]
             cells += [_ops.fmt(r.get("sdpa_fwd_ms")), _ops.fmt(r.get("sdpa_fwdbwd_ms")),
                       _ops.fmt(r.get("floor_fwd_ms"), 4), _ops.fmt(r.get("ours_over_floor"), 2)]
             for lib, why in sorted(r.get("notes", {}).items()):
                 footnotes.append(f"- {r['op']} {r['shape']}, {lib}: {why}")
+            for mode in MODES:
+                if r.get(f"host_bound_{mode}") and r.get(f"ratio_{mode}") is not None:
+                    issued = ", ".join(f"{lib} {_ops.fmt(r[f'{lib}_{mode}_host_ms'])} ms of host over "
+                                       f"{_ops.fmt(r[f'{lib}_{mode}_kernels_ms'])} of kernels"
+                                       for lib in r[f"host_bound_{mode}"])
+                    footnotes.append(f"- {r['op']} {r['shape']} {mode}: host-bound, {issued}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     for shape, why in report.get("shape_notes", {}).items():

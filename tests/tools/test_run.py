@@ -98,6 +98,16 @@ def test_summarize_reports_the_kernel_time_ratio():
     assert s["ratio_fwdbwd_kernels"] is None
 
 
+def test_a_call_whose_host_time_reaches_its_kernel_time_is_host_bound():
+    row = {"ours": {"fwd": [0.3, 0.3], "fwdbwd": [1.0, 1.0]}, "fla": {"fwd": [0.4, 0.4], "fwdbwd": [1.2, 1.2]},
+           "kernels": {"ours": {"fwd": 0.16, "fwdbwd": 0.72}, "fla": {"fwd": 0.22, "fwdbwd": 0.90}},
+           "host": {"ours": {"fwd": 0.29, "fwdbwd": 0.70}, "fla": {"fwd": 0.21, "fwdbwd": 1.10}}}
+    s = run.summarize(row)
+    assert s["host_bound_fwd"] == ["ours"] and s["host_bound_fwdbwd"] == ["fla"]
+    assert run.summarize({"ours": {"fwd": [0.3]}, "host": {"ours": {"fwd": 0.5}}})["host_bound_fwd"] == []  # no kernels
+    assert run.host_bound(0.2, 0.2) and not run.host_bound(0.19, 0.2)
+
+
 def _report():
     rows = [{"op": "gla", "shape": "1x16384x16x128", "kind": "dense", "ours": {"fwd": [0.30, 0.31]},
              "fla": {"fwd": [0.27, 0.29]}, "kernels": {"ours": {"fwd": 0.30}, "fla": {"fwd": 0.24}},
@@ -120,6 +130,18 @@ def test_markdown_table():
     assert cells[6:10] == ["-", "-", "-", "-"]  # no forward+backward: no times, no ratios
     assert cells[12:] == ["0.1", "3.05"]
     assert "- gla 1x16384x16x128, fla fwdbwd: RuntimeError: refused" in md
+    assert ": host-bound, " not in md and " h |" not in md  # no host times: nothing marked
+
+
+def test_markdown_marks_a_host_bound_wall_ratio():
+    report = _report()
+    report["rows"][0]["host"] = {"ours": {"fwd": 0.42}, "fla": {"fwd": 0.1}}
+    report["rows"][0].update(run.summarize(report["rows"][0]))
+    md = run.render_markdown(report)
+    dense = next(ln for ln in md.splitlines() if ln.startswith("| gla | 1x16384x16x128"))
+    cells = [c.strip() for c in dense.strip("|").split("|")]
+    assert cells[4:6] == ["**0.90** h", "**0.80**"]  # the wall ratio marked, the kernel ratio not
+    assert "- gla 1x16384x16x128 fwd: host-bound, ours 0.42 ms of host over 0.3 of kernels" in md
 
 
 def test_breakdown_lists_the_largest_kernels():
