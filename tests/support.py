@@ -30,7 +30,8 @@ AWAITING_LOWERING: frozenset[str] = frozenset()
 # The imports of a generated module's kernels (templates/package/op_module.py.jinja), for tests that render a kernel
 # template alone into a module of their own.
 KERNEL_MODULE_HEADER = ("import torch\nimport triton\nimport triton.language as tl\n\n"
-                        "from fla_gen.runtime import launch\nfrom fla_gen.runtime.triton_math import exp_ftz\n\n\n")
+                        "from fla_gen.runtime import launch\nfrom fla_gen.runtime.cached_launch import cached_launch\n"
+                        "from fla_gen.runtime.triton_math import exp_ftz\n\n\n")
 
 
 @cache
