@@ -29,6 +29,8 @@ from triton.runtime.jit import JITFunction
 # JITFunction.run as Triton defines it. A replaced one (fla_gen/aot.py's recorder, a profiler's patch) sees every
 # launch: the cache is bypassed while it is in place.
 _TRITON_RUN = JITFunction.run
+# a global absent from its module's scope: unequal to any value a kernel read
+_MISSING = object()
 
 
 class CachedLaunchKernel:
@@ -59,7 +61,7 @@ class CachedLaunchKernel:
         bound, key = self.specialize(device, args, kwargs)
         kernel = self.compiled.get(key)
         if kernel is None or not self.globals_unchanged():
-            return self.first_launch(grid, args, kwargs)
+            return self.first_launch(grid, args, kwargs, key)
         if callable(grid):
             grid = grid(dict(zip(self.jit.arg_names, bound, strict=True)))
         n = len(grid)
@@ -73,11 +75,13 @@ class CachedLaunchKernel:
                    kernel.packed_metadata, metadata, enter, leave, *bound)
         return kernel
 
-    def first_launch(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """Launch through ``JITFunction.run`` (compiling if needed) and remember the binary it launched."""
+    def first_launch(self, grid: Any, args: tuple, kwargs: dict[str, Any], key: tuple | None = None) -> Any:
+        """Launch through ``JITFunction.run`` (compiling if needed) and remember the binary it launched under
+        ``key``, the launch's specialization (computed here where the caller has not)."""
         kernel = self.jit[grid](*args, **kwargs)
         if isinstance(kernel, CompiledKernel) and not self.jit.pre_run_hooks:
-            _, key = self.specialize(driver.active.get_current_device(), args, kwargs)
+            if key is None:
+                _, key = self.specialize(driver.active.get_current_device(), args, kwargs)
             self.compiled[key] = kernel
         return kernel
 
@@ -93,8 +97,7 @@ class CachedLaunchKernel:
     def globals_unchanged(self) -> bool:
         """Whether every global the kernel read when it was compiled still has that value (``JITFunction.run``
         raises otherwise; the first launch path does)."""
-        missing = object()
-        return all(scope.get(name, missing) == value
+        return all(scope.get(name, _MISSING) == value
                    for (name, _), (value, scope) in self.jit.used_global_vals.items())
 
 
