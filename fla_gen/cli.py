@@ -265,9 +265,10 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
               f"over {walks} walks")
     if "fwd_fused" in stages:
         c = stages["fwd_fused"]
-        bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, packed=False)
-        # a packed call never takes the two-per-SM launch: where this one differs, the dense call took it
-        two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, packed=True)
+        bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, None)
+        # a packed call that its longest walk bounds never takes the two-per-SM launch: where this one differs, the
+        # dense call took it
+        two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, launch.PackedWalks(0, 1))
         how = ""
         if c.reads_inverse:
             how = ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else

@@ -392,6 +392,11 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
     transforms = plan_transforms(lowered)
     derived_block = _derived_block(lowered)
     groups_heads = kernel_groups_heads(lowered, algo)
+    fused_walk = chunked and any(k.stage == "fwd_fused" for k in algo.kernels)
+    if fused_walk and not algo.splits_sequences:
+        # the call's PackedWalks come with its segment tables (runtime/torch_op.chunk_and_segment_tables)
+        raise RuntimeError(f"algorithm {algo.name} has fwd_fused but no segment rule: its launcher would not get "
+                           f"the call's PackedWalks")
     inline = None
     if not chunked and not derived_block:  # the fused recurrent forwards load whole K rows per token
         inline = inline_transforms(transforms, lowered, groups_heads)
@@ -416,6 +421,8 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "plans_name": "CHUNK_PLANS" if chunked else "RECURRENT_PLANS",
         "fwd_launcher": "chunk_fwd" if chunked else "fused_recurrent_fwd",
         "splits_sequences": algo.splits_sequences,
+        # the forward launcher takes the call's launch.PackedWalks for fwd_fused's launch choice
+        "fused_walk": fused_walk,
         "segment_rule": repr(algo.segment_rule) if algo.splits_sequences else None,
         "bwd_launcher": "chunk_bwd" if chunked else "fused_recurrent_bwd",
         "launch_args": launch_args,

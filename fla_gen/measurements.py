@@ -321,9 +321,18 @@ SOURCES: dict[str, Source] = {
         "(8x4096x16x128) 0.182 -> 0.186 and at 128 (4x4096x16x128) 0.092 -> 0.143: share 3. Gated (plan [32, 3 "
         "stages]): 1x16384x16x128 0.262 -> 0.248, "
         "1x65536x16x128 0.941 -> 0.895, 8x4096x16x128 (256 programs) 0.385 -> 0.316, 4x4096x16x128 (128) 0.194 -> "
-        "0.275: share 1.9. A packed batch (32 sequences of 256-8192 tokens, run.py --breakdown with the launch as a "
-        "plan override): the ungated walk 0.899 -> 1.003 ms, the gated one 1.802 -> 1.792; its longest walk bounds "
-        "the call, and two programs per SM slow each one's steps, so packed calls keep the plan's launch",
+        "0.275: share 1.9. Packed batches: h200-walk-packed",
+        _H100),
+    "h200-walk-packed": Source(
+        "the same two launches on packed batches (16 heads, head dim 128, bf16, forward without autograd, GPU kernel "
+        "time by torch.profiler, 3 alternating rounds in one process, H200, kernels of fc6ab6d, the two-per-SM launch "
+        "as a plan override). The gated walk: 32 sequences of 256-8192 tokens (run.py's varlen preset) 1.604-1.617 "
+        "-> 1.281-1.287 ms; 8 sequences of 4096-16384 tokens 1.045-1.046 -> 0.827-0.840; one sequence of 16384 "
+        "tokens and 31 of 256-1024 0.512-0.513 -> 0.719-0.721. The call's work per SM at the two-per-SM tile, "
+        "(chunks x heads x V / 64) / 132, against its longest walk: 584 against 128 chunks, 311 against 250, 137 "
+        "against 256; where the longest walk is the longer, it bounds the call, and two programs per SM slow its "
+        "steps. The ungated walk was slower on all three: 0.835-0.854 -> 0.981-0.985, 0.543-0.559 -> 0.623-0.625, "
+        "0.332-0.354 -> 0.532-0.534, so its packed calls keep the plan's launch",
         _H100),
     "h200-split-delta": Source(
         "the delta family's sequence split by segment length on the H200 (bf16, benchmarks/segment_sweep.py: ours "

@@ -517,14 +517,15 @@ def _most_stages_that_fit(shape: KernelShape, sizes: dict[str, int], elem: int, 
 
 def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[str], why: str,
             min_sm_share: float | None = 0.0, reads_inverse: bool = False, inverse_min_group: int = 1,
-            two_per_sm: tuple[int, int, float] | None = None) -> LaunchConfig:
+            two_per_sm: tuple[int, int, float] | None = None, two_per_sm_packed: bool = False) -> LaunchConfig:
     """A LaunchConfig whose source is ``sources`` (ids, duplicates dropped) and whose reason is ``why`` followed
     by the prose of every id that is not a plain rule of this module (a measurement or a compile-time check)."""
     ids = [i for i in dict.fromkeys(sources) if i]
     cited = [i for i in ids if not SOURCES[i].text.startswith("rule")]
     reason = f"{why}; {explain(','.join(cited))}" if cited else why
     return LaunchConfig(block_k, block_v, warps, stages, reason, min_sm_share=min_sm_share, source=",".join(ids),
-                        reads_inverse=reads_inverse, inverse_min_group=inverse_min_group, two_per_sm=two_per_sm)
+                        reads_inverse=reads_inverse, inverse_min_group=inverse_min_group, two_per_sm=two_per_sm,
+                        two_per_sm_packed=two_per_sm_packed)
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
@@ -660,19 +661,22 @@ def plan_fused_walk(rec: Recurrence | KernelFeatures, algorithm: str, shape: Ker
             inverse = (f"; v_new from fwd_solve's inverse in the walk (no fwd_wu in the forward){grouped}"
                        if walk.inverse_source else "")
             two_per_sm = _two_per_sm_launch(walk, shape, chunk_size, head_dim, elem, budget)
-            crowded = (f"; for a dense call whose grid at BV {two_per_sm[0]} reaches {two_per_sm[2]}x the SMs, BV "
+            packed = two_per_sm is not None and walk.two_per_sm_packed
+            calls = ("a dense call, or a packed one whose work per SM at that tile is at least its longest walk,"
+                     if packed else "a dense call")
+            crowded = (f"; for {calls} whose grid at BV {two_per_sm[0]} reaches {two_per_sm[2]}x the SMs, BV "
                        f"{two_per_sm[0]} at {two_per_sm[1]} stages instead, two programs per SM "
                        f"(launch.fused_walk_launch)" if two_per_sm else "")
             return _config(head_dim, bv, walk.num_warps, fit,
                            ["fused-walk", walk.source, walk.inverse_source, walk.two_per_sm_source if two_per_sm
-                            else ""],
+                            else "", walk.two_per_sm_packed_source if packed else ""],
                            f"whole K ({head_dim}) with a [K, {bv}] fp32 state tile, {walk.num_warps} warps, {fit} "
                            f"stages (~{used // 1024} KB of {arch.smem_per_block // 1024} KB), "
                            f"{'with' if gated else 'without'} a gate; taken while its V / BV * N*H programs reach "
                            f"{walk.min_sm_share}x the GPU's SMs (launch.fused_walk_block_v), else fwd_h + fwd_o"
                            f"{inverse}{crowded}", min_sm_share=walk.min_sm_share,
                            reads_inverse=bool(walk.inverse_source), inverse_min_group=walk.inverse_min_group,
-                           two_per_sm=two_per_sm)
+                           two_per_sm=two_per_sm, two_per_sm_packed=packed)
         bv //= 2
     return _never_launched(head_dim, "fused-walk-no-fit", f"even [K, 16] tiles at 2 stages do not fit {arch.name}'s "
                                                           f"shared memory in {dtype}")

@@ -83,11 +83,15 @@ class FusedWalk:
     inverse_min_group: int = 1
     # A second launch of the same kernel, (V tile, stages, share), whose shared memory holds two programs on one SM:
     # taken for a dense call whose grid at that tile has share x the SMs' programs or more (launch.fused_walk_choice).
-    # Then one program's start (its entering state, the pipeline's first loads) runs under the other's steps. Not
-    # for a packed batch: its walks differ in length, the longest one bounds the call, and two programs per SM slow
-    # each one's steps. None: the plan's launch always.
+    # Then one program's start (its entering state, the pipeline's first loads) runs under the other's steps. None:
+    # the plan's launch always.
     two_per_sm: tuple[int, int, float] | None = None
     two_per_sm_source: str = ""
+    # The two-per-SM launch also for a packed batch, where its walks differ in length: only while the call's work
+    # per SM at that tile is at least its longest walk (launch.fused_walk_choice), since two programs per SM slow
+    # each one's steps and a longest walk that bounds the call gets slower. False: dense calls only.
+    two_per_sm_packed: bool = False
+    two_per_sm_packed_source: str = ""
 
 
 def _never(source: str) -> FusedWalk:
@@ -103,7 +107,9 @@ FUSED_WALK: dict[str, dict[tuple[str, bool, int], FusedWalk]] = {
         ("chunk_scalar_gate", False, 256): FusedWalk(32, 4, 3, 0.5, "h100-fused-walk-scalar"),
         ("chunk_scalar_gate", True, 64): FusedWalk(64, 4, 2, 1.9, "h100-fused-walk-scalar"),
         ("chunk_scalar_gate", True, 128): FusedWalk(32, 4, 3, 1.9, "h100-fused-walk-scalar",
-                                                    two_per_sm=(64, 2, 1.9), two_per_sm_source="h200-walk-two-per-sm"),
+                                                    two_per_sm=(64, 2, 1.9), two_per_sm_source="h200-walk-two-per-sm",
+                                                    two_per_sm_packed=True,
+                                                    two_per_sm_packed_source="h200-walk-packed"),
         ("chunk_scalar_gate", True, 256): _never("h100-fused-walk-scalar"),
         ("chunk_delta", False, 64): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta", "h200-delta-walk-inverse"),
         ("chunk_delta", False, 128): FusedWalk(64, 4, 3, 0.45, "h100-fused-walk-delta"),

@@ -8,6 +8,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -223,26 +224,42 @@ def strong_work_programs(items: int, device: torch.device) -> int:
 SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 
 
-def fused_walk_choice(cfg: LaunchConfig, V: int, walks: int, sms: int, packed: bool) -> tuple[int, int]:
+class PackedWalks(NamedTuple):
+    """How the chunks of a packed call (cu_seqlens) spread over its walks, for the launch rules that depend on its
+    longest walk: ``chunk_steps``, the chunks of all its sequences times the heads (the steps of all its
+    (sequence, head) walks); ``longest_chunks``, the chunks of its longest sequence."""
+
+    chunk_steps: int
+    longest_chunks: int
+
+
+def fused_walk_choice(cfg: LaunchConfig, V: int, walks: int, sms: int,
+                      packed: PackedWalks | None) -> tuple[int, int]:
     """fwd_fused's (V tile, stages) on ``sms`` SMs for the plan's config ``cfg``, or (0, 0) for fwd_h + fwd_o.
-    A dense call (``packed`` False) whose grid at the config's two-per-SM tile (LaunchConfig.two_per_sm) reaches
+    A dense call (``packed`` None) whose grid at the config's two-per-SM tile (LaunchConfig.two_per_sm) reaches
     its share of the SMs takes that tile and its stages: two programs per SM, one's start under the other's
-    steps. Else fused_walk_block_v on the plan's tile, at the plan's stages. ``walks``: sequences (or sequence
-    segments) times heads; ``sms`` 0 (CPU, or a pinned config): the plan's launch, always."""
-    if cfg.min_sm_share is not None and cfg.two_per_sm is not None and not packed and sms > 0:
+    steps. A packed call takes it too where the config says so (two_per_sm_packed) and its work per SM at that
+    tile, cdiv(V, BV) * chunk_steps / sms, is at least its longest walk: else that walk bounds the call, and two
+    programs per SM would slow its steps. Otherwise fused_walk_block_v on the plan's tile, at the plan's stages.
+    ``walks``: sequences (or sequence segments) times heads; ``sms`` 0 (CPU, or a pinned config): the plan's
+    launch, always."""
+    if cfg.min_sm_share is not None and cfg.two_per_sm is not None and sms > 0:
         block_v, stages, share = cfg.two_per_sm
         BV = dot_tile(block_v, V)
-        if cdiv(V, BV) * walks >= share * sms:
+        balanced = packed is None or (cfg.two_per_sm_packed
+                                      and cdiv(V, BV) * packed.chunk_steps >= sms * packed.longest_chunks)
+        if balanced and cdiv(V, BV) * walks >= share * sms:
             return BV, stages
     BV = fused_walk_block_v(dot_tile(cfg.block_v, V), V, walks, sms, cfg.min_sm_share)
     return (BV, cfg.num_stages) if BV else (0, 0)
 
 
-def fused_walk_launch(plan: Plan, V: int, walks: int, device: torch.device, packed: bool) -> tuple[int, int]:
+def fused_walk_launch(plan: Plan, V: int, walks: int, device: torch.device,
+                      packed: PackedWalks | None) -> tuple[int, int]:
     """fwd_fused's (V tile, stages) for this call, or (0, 0) for fwd_h + fwd_o: fused_walk_choice on the plan's
     fwd_fused config and the device's SM count. A plan override that pins fwd_h or fwd_o but not fwd_fused runs
     the split forward: an experiment that changes those kernels (sweep_plans.py) must time them, not the walk.
-    ``walks``: sequences (or segments) times heads; ``packed``: the call has cu_seqlens."""
+    ``walks``: sequences (or segments) times heads; ``packed``: the call's PackedWalks (None: a dense call)."""
     cfg = plan.config("fwd_fused")
     if not cfg.pinned and any(plan.config(stage).pinned for stage in SPLIT_FORWARD_STAGES):
         return 0, 0

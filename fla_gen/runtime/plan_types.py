@@ -51,6 +51,8 @@ class LaunchConfig:
     # For fwd_fused: (V tile, stages, share of the SMs) of a second launch that holds two programs per SM, taken for
     # a dense call whose grid at that tile reaches the share (launch.fused_walk_launch); None: the config's always.
     two_per_sm: tuple[int, int, float] | None = None
+    # Also for a packed call whose longest walk does not bound it (launch.fused_walk_choice); False: dense calls only.
+    two_per_sm_packed: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 from triton.runtime.jit import KernelInterface
@@ -104,16 +105,27 @@ def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch
 def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
                              chunk_size: int, q: torch.Tensor, v: torch.Tensor, rule: SegmentRule) -> tuple:
     """``chunk_tables`` plus the call's sequence segments (fla_gen.runtime.segments; None when its sequences
-    are walked whole), for the chunked ops whose state walks split long sequences. ``q``: [B, T, HK, K];
-    ``v``: [B, T, H, V], H the value heads the walks run over; ``rule``: the algorithm's SegmentRule."""
+    are walked whole) and its launch.PackedWalks (None for a dense call), for the chunked ops whose state walks
+    split long sequences. ``q``: [B, T, HK, K]; ``v``: [B, T, H, V], H the value heads the walks run over;
+    ``rule``: the algorithm's SegmentRule."""
     B, T, H, V = v.shape
     K = q.shape[-1]
     if cu_seqlens is None:
-        return None, None, segment_tables(B, T, H, K, V, chunk_size, None, None, v.device, rule, shapes_only())
+        return None, None, segment_tables(B, T, H, K, V, chunk_size, None, None, v.device, rule, shapes_only()), None
     chunk_indices, chunk_offsets, bounds = _varlen_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_size, T)
     segments = segment_tables(B, T, H, K, V, chunk_size, cu_seqlens.shape[0] - 1, bounds, v.device, rule,
                               bounds is None)
-    return chunk_indices, chunk_offsets, segments
+    return chunk_indices, chunk_offsets, segments, _packed_walks(bounds, chunk_size, H)
+
+
+def _packed_walks(bounds: torch.Tensor | None, chunk_size: int, heads: int) -> launch.PackedWalks:
+    """The PackedWalks of a packed call over ``heads`` heads from its validated CPU ``cu_seqlens`` (``bounds``).
+    While tracing (no values) no work is known: (0, 1), which keeps the plan's launch; no kernel runs then."""
+    if bounds is None:
+        return launch.PackedWalks(0, 1)
+    values = bounds.numpy().astype(np.int64)
+    seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
+    return launch.PackedWalks(int(seq_chunks.sum()) * heads, int(seq_chunks.max()) if len(seq_chunks) else 0)
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:

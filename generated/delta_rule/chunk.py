@@ -1237,7 +1237,8 @@ def _chunk_dh(q, k, w, do, dv_local, dht, initial_state, cu_seqlens, chunk_offse
     return dh, dv_new, dh0
 
 
-def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments,
+              packed_walks, plan):
     """Chunked forward of the delta rule: fwd_solve and fwd_wu, then fwd_fused (the state
     walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o. Where the plan's
     fwd_fused reads_inverse (at the call's group size, launch.walk_reads_inverse), a walk over whole sequences builds
@@ -1256,6 +1257,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
             sequences. With segments the state walk runs over them, from the states entering them (a walk from
             zero and one from the identity per segment, and a scan).
+        packed_walks: the call's launch.PackedWalks (None: a dense call), for fwd_fused's launch choice.
         plan: the Plan (stages fwd_solve, fwd_wu, fwd_fused or fwd_h and fwd_o; segment_scan; chunk_size 16, 32
             or 64).
 
@@ -1272,7 +1274,7 @@ def chunk_fwd(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlen
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
     walks = N if segments is None else segments.count
-    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, packed_walks)
     reads_inverse = BV and segments is None and launch.walk_reads_inverse(plan.config("fwd_fused"), 1)
     if reads_inverse:
         # the walk builds v_new from the inverse itself (fwd_fused's FROM_INVERSE): no fwd_wu, no W or U in memory
@@ -1456,10 +1458,10 @@ def _op_forward(q, k, v, beta, scale, initial_state, output_final_state, cu_seql
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, beta, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1467,7 +1469,7 @@ def _op_forward(q, k, v, beta, scale, initial_state, output_final_state, cu_seql
 def _op_backward(q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_delta_rule_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_delta_rule", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, beta, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

@@ -924,7 +924,8 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
     return h, ht, (seg_entry, seg_gate)
 
 
-def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments,
+              packed_walks, plan):
     """Chunked forward of S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
 
     Args:
@@ -939,6 +940,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             plan.chunk_size, or None.
         segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
             the states entering them come first (a walk from zero per segment, and a scan).
+        packed_walks: the call's launch.PackedWalks (None: a dense call), for fwd_fused's launch choice.
         plan: the Plan; stages cumsum, fwd_A, then fwd_fused (the state walk that also writes the
             outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o; segment_scan.
 
@@ -975,7 +977,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     )
     saved = (G, A, strong)
     walks = N if segments is None else segments.count
-    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, packed_walks)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
@@ -1138,10 +1140,10 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1149,7 +1151,7 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
 def _op_backward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

@@ -1247,7 +1247,7 @@ def _op_forward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_s
         if not shapes_only():  # fake tensors (tracing) carry no values
             check_gates_respect_bound("chunk_rwkv7", gate_lower_bound, "w", g)
         plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_rwkv7", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_rwkv7", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, a, b, scale, initial_state, output_final_state,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
@@ -1260,7 +1260,7 @@ def _op_backward(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
     if gate_lower_bound is not None:
         plan = select_bounded_plan(plan, BOUNDED_CHUNK_PLANS, gate_lower_bound)
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_rwkv7", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_rwkv7", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, a, b, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

@@ -854,6 +854,7 @@ def chunk_fwd(
     chunk_indices,
     chunk_offsets,
     segments,
+    packed_walks,
     plan,
 ):
     """Chunked forward: 3 kernels (the cumulative gate, per-chunk states, then outputs).
@@ -869,6 +870,7 @@ def chunk_fwd(
             chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
         segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
             the states entering them come first (a walk from zero per segment, and a scan).
+        packed_walks: the call's launch.PackedWalks (None: a dense call), for fwd_fused's launch choice.
         plan: the Plan (stages cumsum, fwd_fused, or fwd_h and fwd_o; segment_scan).
 
     Returns:
@@ -885,7 +887,7 @@ def chunk_fwd(
     g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
     saved = ()
     walks = N if segments is None else segments.count
-    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, cu_seqlens is not None)
+    BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, packed_walks)
     if BV:
         cfg = plan.config("fwd_fused")
         o = torch.empty_like(v)
@@ -1121,10 +1123,10 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
     Under FakeTensor tracing the same code runs with every kernel a no-op (fla_gen.runtime.torch_op).
     """
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     o, final_state, saved = chunk_fwd(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return forward_outputs(o, final_state, saved)
 
@@ -1132,7 +1134,7 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
 def _op_backward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_simple_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, g_gamma, tuple(saved), scale, initial_state, do, dht,
         cu_seqlens, chunk_indices, chunk_offsets, segments, plan,

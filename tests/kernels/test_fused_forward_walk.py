@@ -53,25 +53,45 @@ def _sm90_walk(op: str):
     return plan_algorithm(rec, select_algorithms(rec)[0], "sm90", "bf16", 128).config("fwd_fused")
 
 
+# The packed batches measured on the H200 (h200-walk-packed), 16 heads: run.py's varlen preset (32 sequences
+# of 256-8192 tokens: 2410 chunks, the longest 128), 8 sequences of 4096-16384 tokens (1284, the longest 250), and one
+# of 16384 tokens with 31 of 256-1024 (565, the longest 256).
+PRESET = launch.PackedWalks(2410 * 16, 128)
+EIGHT_LONG = launch.PackedWalks(1284 * 16, 250)
+ONE_LONG = launch.PackedWalks(565 * 16, 256)
+
+
 @pytest.mark.parametrize(("op", "walks", "packed", "expected"), [
     # the measured cases on the H200's 132 SMs (fla_gen/measurements.py, h200-walk-two-per-sm), without a gate:
     # 1x16384x16x128 in 16 segments (256 walks, 512 programs at BV 64: at least 3 x 132) takes two per SM ...
-    ("linear_attn", 256, False, (64, 2)),
+    ("linear_attn", 256, None, (64, 2)),
     # ... 8x4096x16x128 (256 programs) and 4x4096x16x128 (128) keep the plan's one per SM ...
-    ("linear_attn", 128, False, (64, 3)),
-    ("linear_attn", 64, False, (64, 3)),
-    # ... and so does a packed batch, whatever its grid
-    ("linear_attn", 512, True, (64, 3)),
+    ("linear_attn", 128, None, (64, 3)),
+    ("linear_attn", 64, None, (64, 3)),
+    # ... and so does every packed batch, balanced or not
+    ("linear_attn", 512, PRESET, (64, 3)),
+    ("linear_attn", 128, EIGHT_LONG, (64, 3)),
     # with a gate, 1x16384x16x128 in 16 segments (512 programs at BV 64) and 8x4096x16x128 (256: 1.9 x 132 = 250.8)
-    # take two per SM; 4x4096x16x128 (128) keeps the plan's BV 32 (256 programs), a packed batch too
-    ("simple_gla", 256, False, (64, 2)),
-    ("simple_gla", 128, False, (64, 2)),
-    ("simple_gla", 64, False, (32, 3)),
-    ("simple_gla", 512, True, (32, 3)),
+    # take two per SM; 4x4096x16x128 (128) keeps the plan's BV 32 (256 programs)
+    ("simple_gla", 256, None, (64, 2)),
+    ("simple_gla", 128, None, (64, 2)),
+    ("simple_gla", 64, None, (32, 3)),
+    # packed: the preset and the eight long sequences have more work per SM at BV 64 than their longest walk
+    # (2 * 2410 * 16 / 132 = 584 against 128; 311 against 250) and take two per SM ...
+    ("simple_gla", 512, PRESET, (64, 2)),
+    ("simple_gla", 128, EIGHT_LONG, (64, 2)),
+    # ... but not where the one long sequence bounds the call (137 against 256) ...
+    ("simple_gla", 512, ONE_LONG, (32, 3)),
+    # ... the work per SM equal to the longest walk takes it, one chunk step less does not ...
+    ("simple_gla", 512, launch.PackedWalks(66 * 256, 256), (64, 2)),
+    ("simple_gla", 512, launch.PackedWalks(66 * 256 - 1, 256), (32, 3)),
+    # ... and a packed grid below the share does not either (64 walks: 128 programs at BV 64)
+    ("simple_gla", 64, PRESET, (32, 3)),
     # too few programs for either: fwd_h + fwd_o
-    ("simple_gla", 16, False, (0, 0)),
+    ("simple_gla", 16, None, (0, 0)),
     # the delta family has no two-per-SM launch
-    ("gated_delta_rule", 512, False, (32, 2)),
+    ("gated_delta_rule", 512, None, (32, 2)),
+    ("gated_delta_rule", 512, PRESET, (32, 2)),
 ])
 def test_fused_walk_choice(op, walks, packed, expected):
     assert launch.fused_walk_choice(_sm90_walk(op), 128, walks, 132, packed) == expected
@@ -81,24 +101,34 @@ def test_fused_walk_choice_off_cuda_and_when_never_taken():
     """0 SMs (the interpreter, or a config pinned by a plan override): the plan's launch, dense or not; a config
     that is never taken stays so, two-per-SM launch or not."""
     cfg = _sm90_walk("simple_gla")
-    assert launch.fused_walk_choice(cfg, 128, 4096, 0, False) == (32, 3)
+    assert launch.fused_walk_choice(cfg, 128, 4096, 0, None) == (32, 3)
+    assert launch.fused_walk_choice(cfg, 128, 4096, 0, PRESET) == (32, 3)
     never = dataclasses.replace(cfg, min_sm_share=None)
-    assert launch.fused_walk_choice(never, 128, 4096, 132, False) == (0, 0)
+    assert launch.fused_walk_choice(never, 128, 4096, 132, None) == (0, 0)
 
 
-@pytest.mark.parametrize("cu_seqlens", [None, [0, 50, 50, 130]])
-def test_op_takes_the_two_per_sm_launch_for_dense_calls_only(monkeypatch, cu_seqlens):
-    """simple_gla at head dim 128 in fp16 under sm90's plans on one SM (every grid reaches the share): a dense call
-    launches the walk at the two-per-SM tile and stages, a packed one at the plan's, and both match the float64
-    reference. (fp32's plans have no two-per-SM launch: two of its tiles do not fit one SM's shared memory.)"""
+@pytest.mark.parametrize(("cu_seqlens", "sms", "expected"), [
+    # dense, on one SM: every grid reaches the share
+    (None, 1, (64, 2)),
+    # packed on one SM: 3 chunk steps (1 + 0 + 2), two V tiles at BV 64, against a longest walk of 2 chunks
+    ([0, 50, 50, 130], 1, (64, 2)),
+    # packed on 3 SMs (3 walks, 6 programs at BV 64 >= 1.9 x 3): 2 x 9 chunk steps < 3 x 7, the longest walk's
+    ([0, 400, 410, 420], 3, (32, 3)),
+])
+def test_op_takes_the_two_per_sm_launch_where_the_longest_walk_does_not_bound_the_call(monkeypatch, cu_seqlens, sms,
+                                                                                      expected):
+    """simple_gla at head dim 128 in fp16 under sm90's plans: the op launches the walk at the two-per-SM tile and
+    stages for a dense call, and for a packed one whose work per SM at that tile is at least its longest walk, else at
+    the plan's; every launch matches the float64 reference. (fp32's plans have no two-per-SM launch: two of its tiles
+    do not fit one SM's shared memory.)"""
     from tests.support import spy_on_launch
 
     launches = spy_on_launch(monkeypatch, "fused_walk_launch")
-    dims = (1 if cu_seqlens else 2, 130, 1, 128, 128)
-    with forced_arch("sm90"), launch.forced_sm_count(1):
+    dims = (1 if cu_seqlens else 2, cu_seqlens[-1] if cu_seqlens else 130, 1, 128, 128)
+    with forced_arch("sm90"), launch.forced_sm_count(sms):
         result = compare_chunk_op("simple_gla", dims, torch.float16, seed=3, cu_seqlens=cu_seqlens)
     assert not result.failures(), result.errors
-    assert launches and set(launches) == {(32, 3) if cu_seqlens else (64, 2)}, launches
+    assert launches and set(launches) == {expected}, launches
 
 
 @pytest.mark.parametrize("op", ["linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"])
