@@ -57,16 +57,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _call_shape(text: str) -> tuple[int, int, int, int]:
-    """'1x16384x16' -> (B, T, H, HV = H); '4x4096x16x32' -> (B, T, H, HV), HV a multiple of H."""
+def _call_shape(text: str) -> tuple[int, int, int, int, tuple[int, ...] | None]:
+    """A dense call, '1x16384x16' -> (B, T, H, HV = H, None) or '4x4096x16x32' -> (B, T, H, HV, None), HV a multiple
+    of H; or a packed one, its sequence lengths before the heads: '16384,700,300x16' -> (1, 17384, 16, 16,
+    (16384, 700, 300))."""
     parts = text.lower().split("x")
-    if len(parts) not in (3, 4):
-        raise argparse.ArgumentTypeError(f"{text!r} is not BxTxH or BxTxHxHV (e.g. 1x16384x16, 4x4096x16x32)")
+    packed = "," in parts[0]
+    if len(parts) not in ((2, 3) if packed else (3, 4)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BxTxH[xHV] or a packed batch's L1,L2,...xH[xHV] (e.g. "
+                                         f"1x16384x16, 4x4096x16x32, 16384,700,300x16)")
+    lengths = None
+    if packed:
+        lengths = tuple(_positive_int(n) for n in parts[0].split(",") if n)
+        parts = ["1", str(sum(lengths)), *parts[1:]]
     B, T, H, *HV = (_positive_int(p) for p in parts)
     HV = HV[0] if HV else H
     if HV % H:
         raise argparse.ArgumentTypeError(f"{text!r}: the value heads HV={HV} are not a multiple of the key heads H={H}")
-    return B, T, H, HV
+    return B, T, H, HV, lengths
 
 
 def _display_name(path: Path) -> str:
@@ -234,23 +242,30 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> None:
-    """The run-time choices of the chunk launchers for one dense call (``plan --call BxTxH[xHV]``): the sequence
-    split, the state walk's tiles and whether the forward runs as one fused walk, and how."""
+    """The run-time choices of the chunk launchers for one call (``plan --call BxTxH[xHV]``, or a packed batch's
+    ``L1,L2,...xH[xHV]``): the sequence split, the state walk's tiles and whether the forward runs as one fused walk,
+    and how."""
     from fla_gen.runtime import launch, segments
 
-    B, T, HK, H = args.call  # the state walks run over the value heads
+    B, T, HK, H, lengths = args.call  # the state walks run over the value heads
     V = K = args.head_dim
-    nt = launch.cdiv(T, plan.chunk_size)
+    # chunks per sequence: B of T tokens, or the packed batch's
+    seq_chunks = ([launch.cdiv(n, plan.chunk_size) for n in lengths] if lengths
+                  else [launch.cdiv(T, plan.chunk_size)] * B)
+    total, longest = sum(seq_chunks), max(seq_chunks)
     grouped = f", v [{B}, {T}, {H}, {V}]" if H != HK else ""
-    print(f"\nat run time, q [{B}, {T}, {HK}, {K}]{grouped} on {sms} SMs ({algo.name}):")
-    walks = B * H
+    packed_text = (f" packed: {len(lengths)} sequences of {min(lengths)}-{max(lengths)} tokens ({total} chunks, the "
+                   f"longest {longest}), cu_seqlens;" if lengths else "")
+    print(f"\nat run time,{packed_text} q [{B}, {T}, {HK}, {K}]{grouped} on {sms} SMs ({algo.name}):")
+    walks = len(seq_chunks) * H
     if algo.splits_sequences:
         rule = algo.segment_rule
-        print(f"  sequences    {segments.describe_segment_split(B * nt, nt, B * H, H, K, V, sms, rule)}")
-        chunks = segments.plan_segment_chunks(B * nt, nt, B * H, H, K, V, sms, rule)
+        print(f"  sequences    {segments.describe_segment_split(total, longest, walks, H, K, V, sms, rule)}")
+        chunks = segments.plan_segment_chunks(total, longest, walks, H, K, V, sms, rule)
         if chunks:
-            walks = B * launch.cdiv(nt, chunks) * H
-            print(f"               {walks // H} segments of {chunks * plan.chunk_size} tokens")
+            walks = sum(launch.cdiv(c, chunks) for c in seq_chunks) * H
+            print(f"               {walks // H} segments of {chunks * plan.chunk_size} tokens"
+                  + (" at most" if lengths else ""))
     else:
         print("  sequences    walked whole: this algorithm does not split sequences into segments")
     stages = dict(plan.kernels)
@@ -265,13 +280,19 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
               f"over {walks} walks")
     if "fwd_fused" in stages:
         c = stages["fwd_fused"]
-        bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, None)
+        packed = launch.PackedWalks(total * H, longest) if lengths else None
+        bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, packed)
         # a packed call that its longest walk bounds never takes the two-per-SM launch: where this one differs, the
-        # dense call took it
+        # call took it
         two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, launch.PackedWalks(0, 1))
         how = ""
+        if packed and c.two_per_sm and bv:
+            tile = launch.dot_tile(c.two_per_sm[0], V)
+            per_sm = launch.cdiv(V, tile) * packed.chunk_steps / sms
+            how = (f"; at BV {tile}, {per_sm:.0f} chunk steps per SM against the longest sequence's {longest} chunks"
+                   + ("" if c.two_per_sm_packed else ", but this walk keeps one program per SM on packed calls"))
         if c.reads_inverse:
-            how = ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else
+            how += ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else
                    f"; W and U from fwd_wu (the inverse from {c.inverse_min_group} value heads per key head)")
         print("  fwd_fused    " + (f"taken, BV={bv}, {stages_taken} stages{' (two programs per SM)' if two else ''}: "
                                    f"{launch.cdiv(V, bv) * walks} programs{how}" if bv else "not taken: fwd_h + fwd_o"))
@@ -454,8 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--head-dim", type=_positive_int, default=128, metavar="D", help="head dim K = V (default 128)")
     plan.add_argument("--call", type=_call_shape, metavar="BxTxH[xHV]",
                       help="also print the launchers' run-time choices for a dense call of q [B, T, H, head dim] "
-                           "(and v [B, T, HV, head dim] with grouped value heads): the sequence split, the state "
-                           "walk's tiles, the fused forward walk")
+                           "(and v [B, T, HV, head dim] with grouped value heads), or for a packed batch given by its "
+                           "sequence lengths, L1,L2,...xH[xHV] (cu_seqlens; e.g. 16384,700,300x16): the sequence "
+                           "split, the state walk's tiles, the fused forward walk")
     plan.add_argument("--sms", type=_positive_int, default=None, metavar="N",
                       help="SM count for --call (default: the arch's usual GPU: 108 sm80, 84 sm86, 142 sm89, "
                            "132 sm90, 148 sm100)")

@@ -227,7 +227,9 @@ SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 class PackedWalks(NamedTuple):
     """How the chunks of a packed call (cu_seqlens) spread over its walks, for the launch rules that depend on its
     longest walk: ``chunk_steps``, the chunks of all its sequences times the heads (the steps of all its
-    (sequence, head) walks); ``longest_chunks``, the chunks of its longest sequence."""
+    (sequence, head) walks); ``longest_chunks``, the chunks of its longest sequence, also where the walks run over
+    segments of it (the rule then keeps the plan's launch more often than the segments' length would: that case
+    is not measured)."""
 
     chunk_steps: int
     longest_chunks: int

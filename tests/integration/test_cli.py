@@ -74,6 +74,21 @@ def test_plan_rejects_unknown_arch():
     # DPLR's rule: two (segment, head) walks per SM, 16 segments of 64 of its 16-token chunks; 64 walks: whole
     ("rwkv7", "1x16384x16", ["split into segments of 64 chunks", "16 segments of 1024 tokens"]),
     ("dplr", "4x4096x16", ["not split: 64 (sequence, head) walks"]),
+    # packed batches (h200-walk-packed): 32 sequences whose work per SM at BV 64 (2 x 504 x 16 / 132 = 122 chunk
+    # steps) is below the longest one's 256 chunks: the gated walk keeps the plan's launch ...
+    ("simple_gla", "16384," + ",".join(["512"] * 31) + "x16",
+     ["packed: 32 sequences of 512-16384 tokens (504 chunks, the longest 256)", "not split: 512 (sequence, head) walks",
+      "fwd_fused    taken, BV=32, 3 stages: 2048 programs; at BV 64, 122 chunk steps per SM against the longest "
+      "sequence's 256 chunks"]),
+    # ... and takes two per SM where that work is the larger (2 x 64 x 4 x 16 / 132 = 62 against 4 chunks) ...
+    ("simple_gla", ",".join(["256"] * 64) + "x16",
+     ["fwd_fused    taken, BV=64, 2 stages (two programs per SM): 2048 programs; at BV 64, 62 chunk steps per SM"]),
+    # ... which the ungated walk never does on a packed call
+    ("linear_attn", ",".join(["256"] * 64) + "x16",
+     ["fwd_fused    taken, BV=64, 3 stages: 2048 programs", "but this walk keeps one program per SM on packed calls"]),
+    # 2 long sequences over 4 heads: 8 walks split into segments of 32 chunks, up to 2048 tokens each
+    ("linear_attn", "65536,65536x4", ["packed: 2 sequences", "split into segments of 32 chunks",
+                                      "64 segments of 2048 tokens at most"]),
 ])
 def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
     assert main(["plan", str(REPO_ROOT / "specs" / f"{spec}.fla"), "--arch", "sm90", "--call", call]) == 0
@@ -83,7 +98,8 @@ def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
         assert text in out, (text, out[-1500:])
 
 
-@pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"], ["--call", "1x64x16x24"]])
+@pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"], ["--call", "1x64x16x24"],
+                                  ["--call", "300,0x16"], ["--call", "300,x"], ["--call", "300,400x16x4x2"]])
 def test_plan_call_misuse_is_a_usage_error(args):
     proc = fla_gen("plan", "specs/gla.fla", *args)
     assert proc.returncode == 3 and "--call" in proc.stderr and "Traceback" not in proc.stderr
