@@ -97,6 +97,21 @@ def test_fused_walk_choice(op, walks, packed, expected):
     assert launch.fused_walk_choice(_sm90_walk(op), 128, walks, 132, packed) == expected
 
 
+@pytest.mark.parametrize(("bounds", "expected"), [
+    # 50 tokens: 1 chunk of 64; an empty sequence: none; 80: 2 -- 3 chunks over 2 heads, the longest 2
+    ([0, 50, 50, 130], launch.PackedWalks(6, 2)),
+    ([0, 64, 65], launch.PackedWalks(4, 1)),
+    # no sequence at all
+    ([0], launch.PackedWalks(0, 0)),
+    # tracing: no values, no work known, the plan's launch (and no kernel runs)
+    (None, launch.PackedWalks(0, 1)),
+])
+def test_packed_walks_of_a_call(bounds, expected):
+    from fla_gen.runtime.torch_op import _packed_walks
+
+    assert _packed_walks(None if bounds is None else torch.tensor(bounds), 64, 2) == expected
+
+
 def test_fused_walk_choice_off_cuda_and_when_never_taken():
     """0 SMs (the interpreter, or a config pinned by a plan override): the plan's launch, dense or not; a config
     that is never taken stays so, two-per-SM launch or not."""
