@@ -41,7 +41,8 @@ Presets: ``standard`` (4x4096x16x128, 8x2048x32x64, 1x16384x16x128, 2x8192x8x256
 T = 16384 / 65536 / 131072, H = 16, D = 128), ``varlen`` (32 sequences of 256..8192 tokens, seed 0, packed
 through cu_seqlens, H = 16, D = 128), ``decode`` (the fused_recurrent ops at T = 1, B = 64, H = 16,
 D = 128, fp32 state in and out, no autograd). ``--shapes`` adds shapes in the same notation: ``BxTxHxD``,
-``varlen:NxMIN-MAXxHxD``, ``decode:BxHxD``.
+``varlen:NxMIN-MAXxHxD``, ``decode:BxHxD``; ``varlen:L+NxMIN-MAXxHxD`` packs one sequence of L tokens before the N
+drawn ones (a long document among short ones: ``varlen:16384+31x256-1024x16x128``).
 """
 
 from __future__ import annotations
@@ -88,12 +89,16 @@ class Shape:
     lengths: tuple[int, ...] = ()
     # varlen: the range the lengths were drawn from, (MIN, MAX)
     span: tuple[int, int] = (0, 0)
+    # varlen: the tokens of one sequence packed before the drawn ones (0: none)
+    leading: int = 0
 
     @property
     def name(self) -> str:
         d = f"{self.K}" if self.K == self.V else f"{self.K}x{self.V}"
         if self.kind == "varlen":
-            return f"varlen:{len(self.lengths)}x{self.span[0]}-{self.span[1]}x{self.H}x{d}"
+            lead = f"{self.leading}+" if self.leading else ""
+            drawn = len(self.lengths) - bool(self.leading)
+            return f"varlen:{lead}{drawn}x{self.span[0]}-{self.span[1]}x{self.H}x{d}"
         if self.kind == "decode":
             return f"decode:{self.B}x{self.H}x{d}"
         return f"{self.B}x{self.T}x{self.H}x{d}"
@@ -117,19 +122,22 @@ def varlen_lengths(n: int, lo: int, hi: int, seed: int = VARLEN_SEED) -> tuple[i
 
 
 def parse_shape(text: str) -> Shape:
-    """'4x4096x16x128' (dense, K = V), '4x4096x16x128x64' (K, V), 'varlen:32x256-8192x16x128' or
-    'decode:64x16x128' -> Shape; ValueError naming the text otherwise."""
+    """'4x4096x16x128' (dense, K = V), '4x4096x16x128x64' (K, V), 'varlen:32x256-8192x16x128' (with one sequence of
+    16384 tokens first: 'varlen:16384+31x256-1024x16x128') or 'decode:64x16x128' -> Shape; ValueError naming the
+    text otherwise."""
     kind, _, body = text.rpartition(":")
     kind = kind or "dense"
     try:
         if kind == "varlen":
-            n, span, h, *d = body.split("x")
+            lead, plus, drawn = body.rpartition("+")
+            leading = int(lead) if plus else 0
+            n, span, h, *d = drawn.split("x")
             lo, hi = (int(x) for x in span.split("-"))
-            if not 0 < lo <= hi:
+            if not 0 < lo <= hi or leading < 0 or (plus and not leading):
                 raise ValueError
-            lengths = varlen_lengths(int(n), lo, hi)
+            lengths = (leading,) * bool(leading) + varlen_lengths(int(n), lo, hi)
             K, V = (int(d[0]), int(d[-1]))
-            return Shape("varlen", 1, sum(lengths), int(h), K, V, lengths, (lo, hi))
+            return Shape("varlen", 1, sum(lengths), int(h), K, V, lengths, (lo, hi), leading)
         if kind == "decode":
             b, h, *d = (int(x) for x in body.split("x"))
             return Shape("decode", b, 1, h, d[0], d[-1])
@@ -138,7 +146,7 @@ def parse_shape(text: str) -> Shape:
             return Shape("dense", B, T, H, K, V)
     except (ValueError, IndexError):
         pass
-    raise ValueError(f"shape {text!r}: expected BxTxHxD, BxTxHxKxV, varlen:NxMIN-MAXxHxD or decode:BxHxD")
+    raise ValueError(f"shape {text!r}: expected BxTxHxD, BxTxHxKxV, varlen:[L+]NxMIN-MAXxHxD or decode:BxHxD")
 
 
 def parse_shapes(presets: str, shapes: str) -> list[Shape]:
@@ -582,7 +590,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ops", default=",".join(_ops.OPS), help=f"comma-separated, from: {', '.join(_ops.OPS)}")
     p.add_argument("--presets", default=None,
                    help=f"comma-separated, from: {', '.join(PRESETS)} (default: all of them, unless --shapes is given)")
-    p.add_argument("--shapes", default="", help="shapes to run (after the presets'): BxTxHxD, varlen:NxMIN-MAXxHxD, "
+    p.add_argument("--shapes", default="", help="shapes to run (after the presets'): BxTxHxD, varlen:NxMIN-MAXxHxD "
+                                                "(varlen:L+NxMIN-MAXxHxD: one sequence of L tokens first), "
                                                 "decode:BxHxD")
     p.add_argument("--libs", default=",".join(LIBS), help="subset of ours,fla,sdpa")
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds of ours and fla (the worst is reported)")

@@ -23,6 +23,10 @@ def test_dense_varlen_and_decode_shapes_parse():
     assert (v.kind, v.B, v.H, v.K, len(v.lengths)) == ("varlen", 1, 16, 128, 32)
     assert all(256 <= n <= 8192 for n in v.lengths) and v.T == sum(v.lengths)
     assert v.name == "varlen:32x256-8192x16x128"
+    one_long = run.parse_shape("varlen:16384+31x256-1024x16x128")
+    assert one_long.lengths == (16384, *run.varlen_lengths(31, 256, 1024)) and one_long.T == sum(one_long.lengths)
+    assert one_long.name == "varlen:16384+31x256-1024x16x128"
+    assert run.parse_shape(one_long.name) == one_long
     d = run.parse_shape("decode:64x16x128")
     assert (d.kind, d.B, d.T, d.H, d.K, d.V) == ("decode", 64, 1, 16, 128, 128)
 
@@ -32,7 +36,9 @@ def test_varlen_lengths_are_fixed_by_the_seed():
     assert run.varlen_lengths(32, 256, 8192, seed=1) != run.varlen_lengths(32, 256, 8192, seed=0)
 
 
-@pytest.mark.parametrize("bad", ["4x4096", "varlen:32x8192-256x16x128", "decode:64", "foo:1x2x3x4", "axbxcxd"])
+@pytest.mark.parametrize("bad", ["4x4096", "varlen:32x8192-256x16x128", "decode:64", "foo:1x2x3x4", "axbxcxd",
+                                 "varlen:0+31x256-1024x16x128", "varlen:+31x256-1024x16x128",
+                                 "varlen:-5+31x256-1024x16x128"])
 def test_bad_shapes_are_refused_by_name(bad):
     with pytest.raises(ValueError, match="shape"):
         run.parse_shape(bad)
