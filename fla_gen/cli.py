@@ -284,7 +284,7 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
         bv, stages_taken = launch.fused_walk_choice(c, V, walks, sms, packed)
         # a packed call that its longest walk bounds never takes the two-per-SM launch: where this one differs, the
         # call took it
-        two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, launch.PackedWalks(0, 1))
+        two = (bv, stages_taken) != launch.fused_walk_choice(c, V, walks, sms, launch.LONGEST_WALK_BOUND)
         how = ""
         if packed and c.two_per_sm and bv:
             tile = launch.dot_tile(c.two_per_sm[0], V)

@@ -235,6 +235,11 @@ class PackedWalks(NamedTuple):
     longest_chunks: int
 
 
+# A packed call known only to be bounded by its longest walk (no work known beside it: a traced call's, which launches
+# nothing): the plan's launch, never the two-per-SM one.
+LONGEST_WALK_BOUND = PackedWalks(0, 1)
+
+
 def fused_walk_choice(cfg: LaunchConfig, V: int, walks: int, sms: int,
                       packed: PackedWalks | None) -> tuple[int, int]:
     """fwd_fused's (V tile, stages) on ``sms`` SMs for the plan's config ``cfg``, or (0, 0) for fwd_h + fwd_o.

@@ -38,7 +38,7 @@ import torch
 
 from fla_gen.runtime.launch import cdiv, sm_count
 from fla_gen.runtime.plan_types import SegmentRule
-from fla_gen.runtime.varlen import int32_tables_on
+from fla_gen.runtime.varlen import int32_tables_on, sequence_chunks
 
 # The narrowest V tile a walk takes to make programs (launch.FUSED_WALK_MIN_BLOCK_V, launch.STATE_WALK_MIN_TILE):
 # one (sequence, head) walk is at most V / 32 programs.
@@ -133,14 +133,13 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
 def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segment token bounds [S + 1], first chunk of each segment [S + 1], first segment of each sequence
     [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""
-    lengths = bounds[1:] - bounds[:-1]
-    seq_chunks = (lengths + chunk_size - 1) // chunk_size
+    seq_chunks = sequence_chunks(bounds, chunk_size)
     seq_segments = (seq_chunks + chunks - 1) // chunks
-    first_segment = np.zeros(len(lengths) + 1, dtype=np.int64)
+    first_segment = np.zeros(len(seq_chunks) + 1, dtype=np.int64)
     np.cumsum(seq_segments, out=first_segment[1:])
-    first_chunk = np.zeros(len(lengths) + 1, dtype=np.int64)
+    first_chunk = np.zeros(len(seq_chunks) + 1, dtype=np.int64)
     np.cumsum(seq_chunks, out=first_chunk[1:])
-    seq = np.repeat(np.arange(len(lengths)), seq_segments)
+    seq = np.repeat(np.arange(len(seq_chunks)), seq_segments)
     within = np.arange(first_segment[-1]) - first_segment[:-1][seq]
     starts = bounds[:-1][seq] + within * chunks * chunk_size
     seg_bounds = np.append(starts, bounds[-1]) if len(starts) else bounds[:1].copy()
@@ -190,7 +189,7 @@ def segment_tables(B: int, T: int, H: int, K: int, V: int, chunk_size: int, num_
         chunks = plan_segment_chunks(nt, nt, N * H, H, K, V, sms, rule)
         return _placeholder_tables(cdiv(nt, chunks) + N, N, device) if chunks else None
     values = bounds.numpy().astype(np.int64)
-    seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
+    seq_chunks = sequence_chunks(values, chunk_size)
     longest = int(seq_chunks.max()) if N else 0
     chunks = plan_segment_chunks(int(seq_chunks.sum()), longest, N * H, H, K, V, sms, rule)
     return _segment_tables_of(values, chunk_size, chunks, device) if chunks else None

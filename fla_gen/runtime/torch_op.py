@@ -32,7 +32,7 @@ from fla_gen.runtime.plan_types import SegmentRule
 from fla_gen.runtime.segments import segment_tables
 from fla_gen.runtime.tracing import shapes_only, shapes_only_scope
 from fla_gen.runtime.validate import check_cu_seqlens_values
-from fla_gen.runtime.varlen import prepare_chunk_indices
+from fla_gen.runtime.varlen import prepare_chunk_indices, sequence_chunks
 
 NAMESPACE = "fla_gen"
 
@@ -120,11 +120,10 @@ def chunk_and_segment_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlen
 
 def _packed_walks(bounds: torch.Tensor | None, chunk_size: int, heads: int) -> launch.PackedWalks:
     """The PackedWalks of a packed call over ``heads`` heads from its validated CPU ``cu_seqlens`` (``bounds``).
-    While tracing (no values) no work is known: (0, 1), which keeps the plan's launch; no kernel runs then."""
+    While tracing (no values) no work is known: launch.LONGEST_WALK_BOUND."""
     if bounds is None:
-        return launch.PackedWalks(0, 1)
-    values = bounds.numpy().astype(np.int64)
-    seq_chunks = (values[1:] - values[:-1] + chunk_size - 1) // chunk_size
+        return launch.LONGEST_WALK_BOUND
+    seq_chunks = sequence_chunks(bounds.numpy().astype(np.int64), chunk_size)
     return launch.PackedWalks(int(seq_chunks.sum()) * heads, int(seq_chunks.max()) if len(seq_chunks) else 0)
 
 

@@ -6,6 +6,12 @@ import numpy as np
 import torch
 
 
+def sequence_chunks(bounds: np.ndarray, chunk_size: int) -> np.ndarray:
+    """The chunks of each sequence, [N] int64, from the token ``bounds`` [N + 1] (int64, non-decreasing) of a
+    packed batch: a sequence's last chunk may be partial, and an empty sequence has none."""
+    return (bounds[1:] - bounds[:-1] + chunk_size - 1) // chunk_size
+
+
 def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device: torch.device):
     """Build the chunk tables for a packed batch.
 
@@ -22,7 +28,7 @@ def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device:
     """
     # numpy, not torch: on a few dozen ints each numpy op costs ~1 us against ~20 us for torch's CPU ops.
     bounds = cu_seqlens_cpu.numpy().astype(np.int64)
-    n_chunks = (bounds[1:] - bounds[:-1] + chunk_size - 1) // chunk_size
+    n_chunks = sequence_chunks(bounds, chunk_size)
     offsets = np.zeros(len(n_chunks) + 1, dtype=np.int64)
     np.cumsum(n_chunks, out=offsets[1:])
     seq_ids = np.repeat(np.arange(len(n_chunks)), n_chunks)

@@ -85,6 +85,8 @@ ONE_LONG = launch.PackedWalks(565 * 16, 256)
     # ... the work per SM equal to the longest walk takes it, one chunk step less does not ...
     ("simple_gla", 512, launch.PackedWalks(66 * 256, 256), (64, 2)),
     ("simple_gla", 512, launch.PackedWalks(66 * 256 - 1, 256), (32, 3)),
+    # ... nor a call known only to be bounded by its longest walk (a traced one), on any grid ...
+    ("simple_gla", 4096, launch.LONGEST_WALK_BOUND, (32, 3)),
     # ... and a packed grid below the share does not either (64 walks: 128 programs at BV 64)
     ("simple_gla", 64, PRESET, (32, 3)),
     # too few programs for either: fwd_h + fwd_o
@@ -104,7 +106,7 @@ def test_fused_walk_choice(op, walks, packed, expected):
     # no sequence at all
     ([0], launch.PackedWalks(0, 0)),
     # tracing: no values, no work known, the plan's launch (and no kernel runs)
-    (None, launch.PackedWalks(0, 1)),
+    (None, launch.LONGEST_WALK_BOUND),
 ])
 def test_packed_walks_of_a_call(bounds, expected):
     from fla_gen.runtime.torch_op import _packed_walks
