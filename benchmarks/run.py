@@ -600,7 +600,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=int, default=3600, help="seconds per shape's process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="shorter do_bench (5 ms warm-up, 20 ms)")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default=None, help="torch device of the timed calls (default: cuda; cpu with --fake)")
     p.add_argument("--fake", action="store_true", help="CPU stand-ins for every op: the plumbing only, no GPU")
     p.add_argument("--breakdown", action="store_true",
                    help="also keep each kernel's time per call (torch.profiler, 20 calls) in the JSON, and list the "
@@ -611,6 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.worker:
         return args
     args.ops = _ops.parse_ops(args.ops)
+    if args.device is None:
+        args.device = "cpu" if args.fake else "cuda"
     args.libs = [x for x in args.libs.split(",") if x]
     if unknown := [x for x in args.libs if x not in LIBS]:
         p.error(f"unknown library {unknown[0]!r}; known: {', '.join(LIBS)}")
