@@ -262,9 +262,11 @@ def worker(spec: dict) -> int:
 
     op_ms, kernel_ms = _timers(device, spec["quick"])
     calls = {"fwd": fwd, "fwdbwd": fwdbwd}
-    kernel_prefix = pkg.split(".")[-1]
+    # the kernels are named after the public op (chunk_dplr_delta_rule: dplr_delta_rule_fwd_intra_kernel), which
+    # need not be the package's name (generated.dplr)
+    kernel_prefix = fn.__name__.removeprefix("chunk_")
     module = sys.modules[fn.__module__]
-    log(event="plan", package=kernel_prefix, arch=arch, chunk_size=plan.chunk_size,
+    log(event="plan", package=pkg.split(".")[-1], arch=arch, chunk_size=plan.chunk_size,
         inputs={n: list(t.shape) for n, t in zip(names, args, strict=True)},
         kernels={s: {f: getattr(c, f) for f in FIELDS} | {"reason": c.reason} for s, c in plan.kernels})
     stages = spec["stages"] or [s for s, _ in plan.kernels if s != "cumsum"]

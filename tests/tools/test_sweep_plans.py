@@ -87,6 +87,22 @@ def test_fake_sweep_of_grouped_value_heads(tmp_path):
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 
+def test_fake_sweep_finds_the_kernels_of_a_package_named_apart_from_its_op(tmp_path):
+    """generated.dplr's kernels are dplr_delta_rule_*: the sweep finds the stage's launch there, so a variant that
+    launches as the default is recorded as such instead of being timed as a new config."""
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "sweep_plans.py"), "--fake", "--quick",
+           "--ops", "dplr_delta_rule", "--shapes", "1x32x1x32", "--stages", "fwd_intra", "--max-variants", "1",
+           "--extra-variants", '{"fwd_intra": [{"block_v": 32}]}', "--budget-s", "200", "--out", str(out),
+           "--workdir", str(tmp_path / "wd")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    (variant,) = row["variants"]
+    # fwd_intra takes no V tile: block_v changes nothing in its launch
+    assert variant["status"] == "same_launch" and variant["launch"], variant
+
+
 def _report(rows):
     return {"arch": "sm90", "dtype": "bfloat16", "versions": {"gpu": "NVIDIA H100 80GB HBM3"}, "workers": {},
             "rows": rows}
