@@ -5,8 +5,8 @@ on a GPU: correctness against fla-core and the derived reference, speed against 
     python benchmarks/real_models.py                  # every check at the models' shapes
     python benchmarks/real_models.py --T 1024 --quick
     python benchmarks/real_models.py --only kda,kda-gva --gate-in-kernel   # KDA's gate computed in the call
-    python benchmarks/real_models.py --only gdn --batches 4 --autotune-picks .fla_autotune   # one shape; fla's
-                                                                            # autotune picks kept for the next
+    python benchmarks/real_models.py --only gdn --batches 4 --autotune-picks benchmarks/fla_picks
+        # one shape; fla's autotune picks kept for the next run
 
 Correctness (bf16 inputs): ours and fla against the derived reference run in float64 on the same inputs,
 by ‖out − ref‖ / ‖ref‖, for o, the final state and (ours; fla's where its backward runs) every input gradient;
