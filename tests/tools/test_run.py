@@ -66,6 +66,9 @@ def test_arguments():
     # --shapes alone runs those shapes; without either, every preset
     assert [s.name for s in run.parse_args(["--shapes", "1x64x2x32"]).shape_list] == ["1x64x2x32"]
     assert run.parse_args([]).shape_list == run.parse_shapes(",".join(run.PRESETS), "")
+    # the GPU unless told otherwise; --fake's stand-ins run on the CPU
+    assert run.parse_args([]).device == "cuda" and run.parse_args(["--fake"]).device == "cpu"
+    assert run.parse_args(["--fake", "--device", "cuda:1"]).device == "cuda:1"
 
 
 def test_floor_arithmetic():
