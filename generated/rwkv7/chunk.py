@@ -677,7 +677,7 @@ def rwkv7_bwd_dA_kernel(
 
 
 @cached_launch
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def rwkv7_bwd_dqk_kernel(
     q,
     k,
@@ -699,16 +699,20 @@ def rwkv7_bwd_dqk_kernel(
     da,
     db,
     dg,
+    entrywise_chunks,
     cu_seqlens,
     chunk_indices,
     scale,
     T,
+    NT,
     H: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
     USE_G: tl.constexpr,
     FACTORED: tl.constexpr,
+    LIST_ENTRYWISE: tl.constexpr,
+    LISTED: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FACTOR_SPAN: tl.constexpr,
@@ -717,114 +721,135 @@ def rwkv7_bwd_dqk_kernel(
     # key channel, so K blocks are independent once the [BT, BT] matrices are loaded. For A_xy[t, s] = sum_c x_t y_s exp(Gx_t - G_s):
     #   dx_t = sum_s dA[t, s] y_s E[t, s], dy_s = sum_t dA[t, s] x_t E[t, s] (E = b_Ein or b_Est),
     # plus the scaled vectors' terms; then dg from the cumulative sums (see the header).
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
-        # numbered by the global chunk id, so chunk i_t owns state i_t.
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
-        i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        i_hc = i_t.to(tl.int64)
+    # Without a gate bound, two launches as fwd_intra's: this grid with the dots alone (LIST_ENTRYWISE) lists the
+    # chunks with a K block over FACTOR_SPAN in entrywise_chunks, and a persistent grid (LISTED) rewrites them
+    # with both paths. With both compiled in, the grid's kernel spilled 612 B (sm90, BK 32, 4 warps).
+    if LISTED:
+        n_items, i_first, i_step = tl.load(entrywise_chunks), tl.program_id(0), tl.num_programs(0)
     else:
-        i_tc = i_t
-        bos = i_b.to(tl.int64) * T
-        T_seq = T
-        i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
-    o_i = tl.arange(0, BT)
-    m_t = i_tc * BT + o_i < T_seq
-    t0 = bos + i_tc * BT
-    # the [BT, BT] matrices are loaded once for all K blocks (plain, and transposed where a dot needs it)
-    o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-    m_tt = m_t[:, None] & (o_i < BT)[None, :]
-    o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
-    m_ttT = m_t[None, :] & (o_i < BT)[:, None]
-    b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)
-    b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)
-    b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)
-    b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
-    # P^T, loaded transposed (element (t, r) is P[r, t]), for dag = P^T dW
-    b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
-    b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
-    b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
-    b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
-    b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
-        o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
-        b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        b_g = tl.zeros([BT, BK], dtype=tl.float32)
-        if USE_G:
-            b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
-        # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
-        b_G = tl.cumsum(b_g, axis=0)
-        b_Gx = b_G - b_g
-        b_GL = tl.sum(b_g, axis=0)
-        # the A-matrix parts, x side (indexed by t) and y side (indexed by s), on this kernel's K blocks
-        # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
-        # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch)
-        b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
-        if FACTORED:
-            use_dots = True
+        n_items, i_first, i_step = 1, 0, 1
+    for i_w in tl.range(i_first, n_items, i_step, num_stages=1):
+        if LISTED:
+            i_c = tl.load(entrywise_chunks + 1 + i_w)
+            i_t, i_bh = i_c % NT, i_c // NT
         else:
-            use_dots = b_span <= FACTOR_SPAN
-        if use_dots:
-            # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
-            b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
-            b_down = exp_ftz(b_G - b_Gm[None, :])
-            b_downx = exp_ftz(b_Gx - b_Gm[None, :])
-            b_up = exp_ftz(b_Gm[None, :] - b_G)
-            b_kf = b_k * b_up
-            b_bf = b_b * b_up
-            b_qf = b_q * b_down
-            b_af = b_a * b_downx
-            b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
-                                    input_precision=DOT_PRECISION)
-            b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
-                                     input_precision=DOT_PRECISION)
-            b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
-                                  input_precision=DOT_PRECISION)
-            b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
-                                  input_precision=DOT_PRECISION)
+            i_t, i_bh = tl.program_id(0), tl.program_id(1)
+        i_b, i_h = i_bh // H, i_bh % H
+        if IS_VARLEN:
+            # chunk_indices[i_t] = (sequence, chunk within it); the chunk states of a packed batch are
+            # numbered by the global chunk id, so chunk i_t owns state i_t.
+            i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+            i_tc = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+            T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+            i_hc = i_t.to(tl.int64)
         else:
-            m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
-            m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
-            b_Ein = tl.where(m_in, exp_ftz(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_Est = tl.where(m_st, exp_ftz(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
-            b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
-            b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
-            b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
-            b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
-        # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
-        b_eG = exp_ftz(b_G)
-        b_eGx = exp_ftz(b_Gx)
-        b_eL = exp_ftz(b_GL[None, :] - b_G)
-        b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
-        b_dag = tl.dot(b_PT, tl.load(dw + o_tk, mask=m_tk, other=0.), input_precision="ieee")
-        b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
-        b_dkg = tl.load(dkg + o_tk, mask=m_tk, other=0.)
-        b_dq = b_dqA + b_dqg * b_eG
-        b_da = b_daA + b_dag * b_eGx
-        b_dk = b_dkA + b_dkg * b_eL
-        b_db = b_dbA + b_dbg * b_eL
-        tl.store(dq + o_tk, (b_dq * scale).to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + o_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-        tl.store(da + o_tk, b_da.to(da.dtype.element_ty), mask=m_tk)
-        tl.store(db + o_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
-        if USE_G:
-            # dL/dG_t (inclusive), dL/dG_{t-1} (exclusive) and dL/dG_L, each entry-wise in the channel
-            b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
-            b_dGx = b_a * b_da
-            b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
-            b_gam = exp_ftz(b_GL)
-            b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
-            b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
-            tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+            i_tc = i_t
+            bos = i_b.to(tl.int64) * T
+            T_seq = T
+            i_hc = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+        o_i = tl.arange(0, BT)
+        m_t = i_tc * BT + o_i < T_seq
+        t0 = bos + i_tc * BT
+        # the [BT, BT] matrices are loaded once for all K blocks (plain, and transposed where a dot needs it)
+        o_tt = t0 * H * BT + i_h * BT + o_i[:, None] * (H * BT) + o_i[None, :]
+        m_tt = m_t[:, None] & (o_i < BT)[None, :]
+        o_ttT = t0 * H * BT + i_h * BT + o_i[None, :] * (H * BT) + o_i[:, None]
+        m_ttT = m_t[None, :] & (o_i < BT)[:, None]
+        b_dAqk = tl.load(dAqk + o_tt, mask=m_tt, other=0.)
+        b_dAqb = tl.load(dAqb + o_tt, mask=m_tt, other=0.)
+        b_dAak = tl.load(dAak + o_tt, mask=m_tt, other=0.)
+        b_dAab = tl.load(dAab + o_tt, mask=m_tt, other=0.)
+        # P^T, loaded transposed (element (t, r) is P[r, t]), for dag = P^T dW
+        b_PT = tl.load(P + o_ttT, mask=m_ttT, other=0.).to(tl.float32)
+        b_dAqkT = tl.load(dAqk + o_ttT, mask=m_ttT, other=0.)
+        b_dAqbT = tl.load(dAqb + o_ttT, mask=m_ttT, other=0.)
+        b_dAakT = tl.load(dAak + o_ttT, mask=m_ttT, other=0.)
+        b_dAabT = tl.load(dAab + o_ttT, mask=m_ttT, other=0.)
+        # K blocks whose gates move more than FACTOR_SPAN (counted where LIST_ENTRYWISE lists them)
+        n_wide = 0
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_tk = m_t[:, None] & (o_k < K)[None, :]
+            o_tk = t0 * H * K + i_h * K + o_i[:, None] * (H * K) + o_k[None, :]
+            b_q = tl.load(q + o_tk, mask=m_tk, other=0.).to(tl.float32) * scale
+            b_k = tl.load(k + o_tk, mask=m_tk, other=0.).to(tl.float32)
+            b_a = tl.load(a + o_tk, mask=m_tk, other=0.).to(tl.float32)
+            b_b = tl.load(b + o_tk, mask=m_tk, other=0.).to(tl.float32)
+            b_g = tl.zeros([BT, BK], dtype=tl.float32)
+            if USE_G:
+                b_g = tl.load(g + o_tk, mask=m_tk, other=0.).to(tl.float32)
+            # rows past the sequence end have gate 0, so G is flat there and its last row is the chunk's G_L
+            b_G = tl.cumsum(b_g, axis=0)
+            b_Gx = b_G - b_g
+            b_GL = tl.sum(b_g, axis=0)
+            # the A-matrix parts, x side (indexed by t) and y side (indexed by s), on this kernel's K blocks
+            # the factored dots: always under a gate bound (a compile-time True: the entry-wise code is not even
+            # built), else when this block's gates move at most FACTOR_SPAN (a run-time branch); under
+            # LIST_ENTRYWISE always, counting the blocks over the span in n_wide
+            b_span = tl.max(tl.maximum(tl.max(b_G, axis=0), 0.) - tl.minimum(tl.min(b_G, axis=0), 0.), axis=0)
+            if FACTORED:
+                use_dots = True
+                if LIST_ENTRYWISE:
+                    n_wide += (b_span > FACTOR_SPAN).to(tl.int32)
+            else:
+                use_dots = b_span <= FACTOR_SPAN
+            if use_dots:
+                # dx = exp(Gx - G_m) (dA (y exp(G_m - G))), dy = exp(G_m - G) (dA^T (x exp(Gx - G_m)))
+                b_Gm = tl.sum(tl.where(o_i[:, None] == BT // 2, b_G, 0.), axis=0)
+                b_down = exp_ftz(b_G - b_Gm[None, :])
+                b_downx = exp_ftz(b_Gx - b_Gm[None, :])
+                b_up = exp_ftz(b_Gm[None, :] - b_G)
+                b_kf = b_k * b_up
+                b_bf = b_b * b_up
+                b_qf = b_q * b_down
+                b_af = b_a * b_downx
+                b_dqA = b_down * tl.dot(b_dAqb, b_bf, tl.dot(b_dAqk, b_kf, input_precision=DOT_PRECISION),
+                                        input_precision=DOT_PRECISION)
+                b_daA = b_downx * tl.dot(b_dAab, b_bf, tl.dot(b_dAak, b_kf, input_precision=DOT_PRECISION),
+                                         input_precision=DOT_PRECISION)
+                b_dkA = b_up * tl.dot(b_dAakT, b_af, tl.dot(b_dAqkT, b_qf, input_precision=DOT_PRECISION),
+                                      input_precision=DOT_PRECISION)
+                b_dbA = b_up * tl.dot(b_dAabT, b_af, tl.dot(b_dAqbT, b_qf, input_precision=DOT_PRECISION),
+                                      input_precision=DOT_PRECISION)
+            else:
+                m_in = (o_i[:, None] >= o_i[None, :])[:, :, None]
+                m_st = (o_i[:, None] > o_i[None, :])[:, :, None]
+                b_Ein = tl.where(m_in, exp_ftz(tl.where(m_in, b_G[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_Est = tl.where(m_st, exp_ftz(tl.where(m_st, b_Gx[:, None, :] - b_G[None, :, :], 0.)), 0.)
+                b_dqA = tl.sum((b_dAqk[:, :, None] * b_k[None, :, :] + b_dAqb[:, :, None] * b_b[None, :, :]) * b_Ein, axis=1)
+                b_daA = tl.sum((b_dAak[:, :, None] * b_k[None, :, :] + b_dAab[:, :, None] * b_b[None, :, :]) * b_Est, axis=1)
+                b_dkA = tl.sum(b_dAqk[:, :, None] * b_q[:, None, :] * b_Ein + b_dAak[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
+                b_dbA = tl.sum(b_dAqb[:, :, None] * b_q[:, None, :] * b_Ein + b_dAab[:, :, None] * b_a[:, None, :] * b_Est, axis=0)
+            # the scaled vectors: qg = q exp(G), ag = a exp(G_{t-1}), kg = k exp(G_L - G), bg = b exp(G_L - G)
+            b_eG = exp_ftz(b_G)
+            b_eGx = exp_ftz(b_Gx)
+            b_eL = exp_ftz(b_GL[None, :] - b_G)
+            b_dqg = tl.load(dqg + o_tk, mask=m_tk, other=0.)
+            b_dag = tl.dot(b_PT, tl.load(dw + o_tk, mask=m_tk, other=0.), input_precision="ieee")
+            b_dbg = tl.load(dbg + o_tk, mask=m_tk, other=0.)
+            b_dkg = tl.load(dkg + o_tk, mask=m_tk, other=0.)
+            b_dq = b_dqA + b_dqg * b_eG
+            b_da = b_daA + b_dag * b_eGx
+            b_dk = b_dkA + b_dkg * b_eL
+            b_db = b_dbA + b_dbg * b_eL
+            tl.store(dq + o_tk, (b_dq * scale).to(dq.dtype.element_ty), mask=m_tk)
+            tl.store(dk + o_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+            tl.store(da + o_tk, b_da.to(da.dtype.element_ty), mask=m_tk)
+            tl.store(db + o_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
+            if USE_G:
+                # dL/dG_t (inclusive), dL/dG_{t-1} (exclusive) and dL/dG_L, each entry-wise in the channel
+                b_dGi = b_q * b_dq - b_k * b_dk - b_b * b_db
+                b_dGx = b_a * b_da
+                b_tail = b_k * b_dkg * b_eL + b_b * b_dbg * b_eL
+                b_gam = exp_ftz(b_GL)
+                b_dGL = tl.sum(b_tail, axis=0) + b_gam * tl.load(dgam + (i_hc * H + i_h) * K + o_k, mask=o_k < K, other=0.)
+                b_dg = tl.cumsum(b_dGi + b_dGx, axis=0, reverse=True) - b_dGx + b_dGL[None, :]
+                tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+        if LIST_ENTRYWISE:
+            if n_wide > 0:
+                # listed as i_bh * NT + i_t after the count; the listed launch rewrites every gradient of the chunk
+                tl.store(entrywise_chunks + 1 + tl.atomic_add(entrywise_chunks, 1), i_bh * NT + i_t)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -1234,44 +1259,59 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     BK = launch.dot_tile(cfg.block_k, K)
     dq, dk, da, db = (torch.empty_like(q) for _ in range(4))
     dg = torch.empty_like(g) if g is not None else None
-    rwkv7_bwd_dqk_kernel[(NT, B * H)](
-        q,
-        k,
-        a,
-        b,
-        g,
-        P,
-        dqg,
-        dw,
-        dbg,
-        dkg,
-        dgam,
-        dAqk,
-        dAqb,
-        dAak,
-        dAab,
-        dq,
-        dk,
-        da,
-        db,
-        dg,
-        cu_seqlens,
-        chunk_indices,
-        scale,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BK=BK,
-        USE_G=g is not None,
-        FACTORED=plan.gate_bound is not None,
-        IS_VARLEN=is_varlen,
-        DOT_PRECISION=launch.dot_precision(q.dtype),
-        # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
-        FACTOR_SPAN=launch.factor_span(torch.float32),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    # as in _chunk_intra: the dots alone on every chunk, then the entry-wise launch over the chunks listed
+    listing = plan.gate_bound is None
+    entrywise_chunks = q.new_empty(1 + NT * B * H, dtype=torch.int32)
+    if listing:
+        entrywise_chunks[:1].zero_()
+
+    def dqk(grid, factored, list_entrywise, listed):
+        rwkv7_bwd_dqk_kernel[grid](
+            q,
+            k,
+            a,
+            b,
+            g,
+            P,
+            dqg,
+            dw,
+            dbg,
+            dkg,
+            dgam,
+            dAqk,
+            dAqb,
+            dAak,
+            dAab,
+            dq,
+            dk,
+            da,
+            db,
+            dg,
+            entrywise_chunks,
+            cu_seqlens,
+            chunk_indices,
+            scale,
+            T,
+            NT,
+            H=H,
+            K=K,
+            BT=BT,
+            BK=BK,
+            USE_G=g is not None,
+            FACTORED=factored,
+            LIST_ENTRYWISE=list_entrywise,
+            LISTED=listed,
+            IS_VARLEN=is_varlen,
+            DOT_PRECISION=launch.dot_precision(q.dtype),
+            # the factored operands are fp32 (tf32 or ieee dots) whatever the inputs' dtype
+            FACTOR_SPAN=launch.factor_span(torch.float32),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+
+    dqk((NT, B * H), True, listing, False)
+    if listing:
+        dqk((launch.strong_work_programs(NT * B * H, q.device),), False, False, True)
     return dq, dk, dv, dg, da, db, dh0
 
 
