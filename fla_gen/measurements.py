@@ -231,13 +231,23 @@ SOURCES: dict[str, Source] = {
         "0.240 at 2 stages, 0.313 with [128, 32] and 0.252 on 8 warps; 4 stages do not fit in shared memory "
         "(288 KB)", _H100),
     "h100-dplr-pair-kernels": Source(
-        "the DPLR chunk op with RWKV-7 gates with RWKV-7 gates (every K block takes the factored dots), "
-        "sweep_plans.py --stages "
-        "fwd_intra,bwd_dqk: fwd_intra on 2 warps with 32-wide K blocks (it spills ~260 B on sm90, fla-gen aot): "
-        "3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2, 1.105 at BK 32 / 2 (4x4096x16x128); 2.291 -> 1.222 "
-        "(8x2048x32x64); 2.070 -> 1.083 (2x8192x8x256). bwd_dqk with 32-wide K blocks on 4 warps (spilling ~600 B): "
-        "3.69 -> 2.19 ms (4x4096x16x128, 5.16 at 8 warps, 9.11 at 2), 3.768 -> 2.084 (8x2048x32x64), 3.686 -> "
-        "2.178 (2x8192x8x256, BV 16)", _H100),
+        "the DPLR chunk op with RWKV-7 gates (every K block takes the factored dots), sweep_plans.py --stages "
+        "fwd_intra,bwd_dqk: fwd_intra on 2 warps with 32-wide K blocks (then one kernel with both paths, spilling "
+        "~260 B on sm90, fla-gen aot): 3.27 ms at BK 16 / 8 warps, 2.14 at 4, 1.24 at 2, 1.105 at BK 32 / 2 "
+        "(4x4096x16x128); 2.291 -> 1.222 (8x2048x32x64); 2.070 -> 1.083 (2x8192x8x256). bwd_dqk with 32-wide K blocks"
+        " on 4 warps (then spilling ~600 B): 3.69 -> 2.19 ms (4x4096x16x128, 5.16 at 8 warps, 9.11 at 2), 3.768 -> "
+        "2.084 (8x2048x32x64), 3.686 -> 2.178 (2x8192x8x256, BV 16). Swept again on the H200 as two launches (the "
+        "grid's dots alone spill nothing), 4x4096x16x128, kernel time: fwd_intra 0.619 ms at BK 32 / 2 warps, 0.699 "
+        "at 16 / 2, 0.803 at 32 / 4, 1.051 at 64 / 4; bwd_dqk 1.803 at BK 32 x BV 32 / 4, 2.941 at 16 x 32 / 4, 3.475"
+        " at 32 x 32 / 8", _H100),
+    "h200-dplr-walk-stages": Source(
+        "the DPLR chunk op with RWKV-7 gates, H200, bf16, kernel time: sweep_plans.py --stages bwd_dA,fwd_h,bwd_dh at"
+        " 4x4096x16x128 (one process, each variant against the plan): fwd_h 0.543 ms at 2 stages, 0.409 at 3; bwd_dh "
+        "0.517 -> 0.430; bwd_dA 1.427 ms on 8 warps x 32-wide V, 0.919 on 4 (1.063 at 4 x 16, 1.171 at 8 x 64). "
+        "Together, compare_builds.py --variants, 2 rounds, worst round plan/variant: forward 1.112x and "
+        "forward+backward 1.180x at 4x4096x16x128, 1.139x and 1.170x at 1x16384x16x128 with bwd_dA at 3 stages "
+        "(1.151x and 1.145x at 2; 4 stages for the walks 1.067x and 1.090x at 1x16384). fla-gen aot: the walks 56-71 "
+        "KB of shared memory at 3 stages, bwd_dA 227 registers, no spills", _H100),
     "h100-dplr-bwd-da-256": Source(
         "the DPLR chunk op with RWKV-7 gates at 2x8192x8x256, sweep_plans.py --stages bwd_dA: bwd_dA on 4 "
         "warps with the [256, 16] state "

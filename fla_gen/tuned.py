@@ -62,6 +62,9 @@ TUNED: dict[str, dict[Key, Tuned]] = {
         ("chunk_dplr", "bwd_dqk", "bf16", 128): Tuned(32, 32, 4, 1, "h100-dplr-pair-kernels"),
         ("chunk_dplr", "bwd_dqk", "bf16", 256): Tuned(32, 16, 4, 1, "h100-dplr-pair-kernels"),
         ("chunk_dplr", "bwd_dA", "bf16", 256): Tuned(256, 16, 4, 2, "h100-dplr-bwd-da-256"),
+        ("chunk_dplr", "fwd_h", "bf16", 128): Tuned(128, 32, 4, 3, "h200-dplr-walk-stages"),
+        ("chunk_dplr", "bwd_dh", "bf16", 128): Tuned(128, 32, 4, 3, "h200-dplr-walk-stages"),
+        ("chunk_dplr", "bwd_dA", "bf16", 128): Tuned(128, 32, 4, 3, "h200-dplr-walk-stages"),
     },
 }
 

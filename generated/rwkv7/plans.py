@@ -138,10 +138,10 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
-        ("fwd_h", LaunchConfig(128, 32, 4, 2, source="whole-k")),
-        ("bwd_dh", LaunchConfig(128, 32, 4, 2, source="whole-k")),
+        ("fwd_h", LaunchConfig(128, 32, 4, 3, source="h200-dplr-walk-stages")),
+        ("bwd_dh", LaunchConfig(128, 32, 4, 3, source="h200-dplr-walk-stages")),
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dA", LaunchConfig(128, 32, 8, 2, source="whole-k,aot-dplr-da-warps")),
+        ("bwd_dA", LaunchConfig(128, 32, 4, 3, source="h200-dplr-walk-stages")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
