@@ -245,9 +245,9 @@ SOURCES: dict[str, Source] = {
         " 4x4096x16x128 (one process, each variant against the plan): fwd_h 0.543 ms at 2 stages, 0.409 at 3; bwd_dh "
         "0.517 -> 0.430; bwd_dA 1.427 ms on 8 warps x 32-wide V, 0.919 on 4 (1.063 at 4 x 16, 1.171 at 8 x 64). "
         "Together, compare_builds.py --variants, 2 rounds, worst round plan/variant: forward 1.112x and "
-        "forward+backward 1.180x at 4x4096x16x128, 1.139x and 1.170x at 1x16384x16x128 with bwd_dA at 3 stages "
-        "(1.151x and 1.145x at 2; 4 stages for the walks 1.067x and 1.090x at 1x16384). fla-gen aot: the walks 56-71 "
-        "KB of shared memory at 3 stages, bwd_dA 227 registers, no spills", _H100),
+        "forward+backward 1.180x at 4x4096x16x128, 1.139x and 1.170x at 1x16384x16x128 (with bwd_dA at 2 stages, "
+        "forward+backward 1.151x and 1.145x; with the walks at 4 stages, 1.067x and 1.090x at 1x16384). fla-gen aot: "
+        "the walks 56-71 KB of shared memory at 3 stages, bwd_dA 227-235 registers, no spills", _H100),
     "h100-dplr-bwd-da-256": Source(
         "the DPLR chunk op with RWKV-7 gates at 2x8192x8x256, sweep_plans.py --stages bwd_dA: bwd_dA on 4 "
         "warps with the [256, 16] state "
