@@ -179,8 +179,8 @@ def dplr_delta_rule_fwd_intra_kernel(
             tl.store(bg + o_tk, (b_b * b_decay_to_end).to(bg.dtype.element_ty), mask=m_tk)
         if LIST_ENTRYWISE:
             if n_wide > 0:
-                # listed as i_bh * NT + i_t after the count; the listed launch rewrites every output of the chunk, so
-                # what this program stores for it (from dots whose factors may have overflowed) is never read
+                # listed as i_bh * NT + i_t after the count; the listed launch rewrites every output of the
+                # chunk, so what this program stores for it (from dots whose factors may have overflowed) is never read
                 tl.store(entrywise_chunks + 1 + tl.atomic_add(entrywise_chunks, 1), i_bh * NT + i_t)
         # the dots also summed the non-causal pairs (and may hold inf there): keep the causal ones
         b_Aqk = tl.where(o_i[:, None] >= o_i[None, :], b_Aqk, 0.)
@@ -848,7 +848,8 @@ def dplr_delta_rule_bwd_dqk_kernel(
                 tl.store(dg + o_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
         if LIST_ENTRYWISE:
             if n_wide > 0:
-                # listed as i_bh * NT + i_t after the count; the listed launch rewrites every gradient of the chunk
+                # listed as i_bh * NT + i_t after the count; the listed launch rewrites every gradient of the
+                # chunk, so what this program stores for it (from dots whose factors may have overflowed) is never read
                 tl.store(entrywise_chunks + 1 + tl.atomic_add(entrywise_chunks, 1), i_bh * NT + i_t)
 
 
@@ -1259,7 +1260,7 @@ def chunk_bwd(q, k, v, g, a, b, saved, scale, initial_state, do, dht, cu_seqlens
     BK = launch.dot_tile(cfg.block_k, K)
     dq, dk, da, db = (torch.empty_like(q) for _ in range(4))
     dg = torch.empty_like(g) if g is not None else None
-    # as in _chunk_intra: the dots alone on every chunk, then the entry-wise launch over the chunks listed
+    # without a gate bound: the dots alone on every chunk, then the entry-wise launch over the chunks listed
     listing = plan.gate_bound is None
     entrywise_chunks = q.new_empty(1 + NT * B * H, dtype=torch.int32)
     if listing:
