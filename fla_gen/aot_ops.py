@@ -41,7 +41,7 @@ class MatrixEntry:
     problems: tuple[str, ...]
 
 
-# The gate lower bound of the "bounded" variants: inside every bounded plan's limit (about -2.6).
+# The gate lower bound of the "bounded" variants: inside every bounded plan's limit (about -9.55).
 _AOT_GATE_BOUND = -0.5
 
 
@@ -154,7 +154,7 @@ def compile_op_matrix(rec: Recurrence, caps=(80, 89, 90, 100), dtype: torch.dtyp
                 variant = ("varlen" if varlen else "dense") + suffix
                 for report in compile_all(launches, [cap], jobs=jobs):
                     entries.append(MatrixEntry(rec.spec.op, variant, report, tuple(check_report(report))))
-            # chunk ops with a plan for bounded gates (other kernels: FACTORED, 32-token chunks), where this
+            # chunk ops with a plan for bounded gates (FACTORED kernels), where this
             # target has one; with cu_seqlens on the last of varlen_caps
             # (an op without a per-token gate has no gate_lower_bound argument: nothing to bound)
             if i or key not in getattr(tables, "BOUNDED_CHUNK_PLANS", {}) or not lower(rec).features.token_gate:

@@ -13,8 +13,9 @@ hidden states ``x`` [B, T, D] that fits its layout and role:
 - other [B, T, H] (the delta rule's beta): ``sigmoid(W x)``, a step size in (0, 1);
 - a general rank-1 term b (aᵀ S) (DPLRLayer): RWKV-7's form (Peng et al. 2025), a = -k̂ and b = k̂ η with
   k̂ the L2-normalized projection of the rank1_read input and η = sigmoid of the rank1_write one; its
-  per-channel gate is -e^-0.5 sigmoid(W x) (decays in (0.545, 1)), which lets the chunked op take its
-  bounded-gate plan (gate_lower_bound).
+  per-channel gate is -e^-0.5 sigmoid(W x) (decays in (0.545, 1)). The layer does not pass that bound as
+  the chunked op's gate_lower_bound: the op runs the same chunks without it, and the bound's check of the
+  data costs a device sync per call.
 
 Inputs on value heads ([B, T, HV, ...], a grouped package such as ``generated.gated_delta_rule``) get
 HV = ``num_value_heads`` heads (default H); so do the state and the output.
@@ -206,10 +207,6 @@ class RecurrentLayer(nn.Module):
         """The log decay of a per-token gate from its projection p (float32)."""
         return F.logsigmoid(p) / self.gate_normalizer
 
-    def _chunk_options(self) -> dict:
-        """Extra keyword arguments of the chunked op."""
-        return {}
-
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, past_state: LayerState | None = None,
                 use_cache: bool = False, cp_context: CPContext | None = None) -> tuple[torch.Tensor, LayerState | None]:
         """Mix the tokens of ``x``.
@@ -278,7 +275,7 @@ class RecurrentLayer(nn.Module):
         decode = past_state is not None and T <= self.decode_max_tokens
         op = self.ops.fused_recurrent if decode else self.ops.chunk
         h0 = None if past_state is None else past_state.recurrent
-        extra = {} if decode else self._chunk_options()
+        extra = {}
         if cp_context is not None:
             extra["cp_context"] = cp_context
         o, recurrent = op(*[values[n] for n in names], initial_state=h0, output_final_state=use_cache,
@@ -315,11 +312,6 @@ class DPLRLayer(RecurrentLayer):
 
     def _gate(self, p: torch.Tensor) -> torch.Tensor:
         return _RWKV7_GATE_BOUND * torch.sigmoid(p)
-
-    def _chunk_options(self) -> dict:
-        # The decay's known bound selects the chunked op's faster bounded-gate plan; a little below
-        # -e^-0.5 so that the fp32 rounding of a saturated gate stays above it.
-        return {"gate_lower_bound": 1.01 * _RWKV7_GATE_BOUND}
 
 
 # The layer of each rank-1 kind.

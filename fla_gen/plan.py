@@ -67,16 +67,6 @@ class ArchRule:
 
 
 @dataclass(frozen=True)
-class BoundedRule:
-    """The warps (and V tile, 0: the rule's) of one kernel in the bounded-gate plan on ``arch``."""
-
-    arch: str
-    num_warps: int
-    block_v: int
-    source: str
-
-
-@dataclass(frozen=True)
 class KernelShape:
     """What one kernel stages in shared memory per pipeline stage, in tiles of the plan.
 
@@ -104,8 +94,6 @@ class KernelShape:
     # A scan whose every step's dot takes the last step's result (not pipelined): its K tile is the whole key
     # head dim and its V tile the plan's, narrowed by the launcher while the grid is small.
     serial_dots: bool = False
-    # Per-arch warps and V tile for the bounded-gate plan (Algorithm.bounded_chunk_size).
-    bounded: tuple[BoundedRule, ...] = ()
     # One program per BC-token sub-chunk ("BC" in tiles): its dots have M = BC = 16 rows, so they run
     # as mma.sync on every target (wgmma needs M >= 64).
     sub_chunk: bool = False
@@ -263,17 +251,6 @@ _DPLR_DQK_WARPS = (ArchRule("sm90", 4, "h100-dplr-dqk-warps"),)
 _DPLR_INTRA_WARPS = (ArchRule("sm90", 4, "h100-dplr-intra-warps"),)
 
 
-def _bounded_rules(num_warps: int, block_v: int) -> tuple[BoundedRule, ...]:
-    """The bounded plan's warps (and V tile) of one kernel on every target: measured on sm90 (the bounded
-    plan's kernels are latency-bound, and fewer warps let more programs share an SM), the same rule elsewhere."""
-    return tuple(BoundedRule(a, num_warps, block_v, "h100-dplr-bounded" if a == "sm90" else "bounded-rule")
-                 for a in ARCH_NAMES)
-
-
-_DPLR_BOUNDED_DQK = _bounded_rules(4, 0)
-_DPLR_BOUNDED_INTRA = _bounded_rules(2, 0)
-_DPLR_BOUNDED_DA = _bounded_rules(4, 16)
-
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
@@ -316,21 +293,20 @@ ALGORITHMS: dict[str, Algorithm] = {
                   chunked=True, segment_rule=TRANSITION_SPLIT),
         # General rank-1 (DPLR): 16-token chunks whose pairwise decays are dots of exp factors where the
         # gates keep them finite (checked per K block at run time), else built entry by entry; the output
-        # is fused into the sequential state walk (fwd_h). With a gate
-        # lower bound: 32-token chunks whose pairwise decays are tensor-core dots (bounded_chunk_size).
+        # is fused into the sequential state walk (fwd_h). With a gate lower bound the same 16-token chunks take
+        # the dots on every K block, compiled without the run-time check (bounded_chunk_size, _BOUNDED_CITES).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
-                  (KernelShape("fwd_intra", (), pair_tiles=True, warps=_DPLR_INTRA_WARPS, bounded=_DPLR_BOUNDED_INTRA),
+                  (KernelShape("fwd_intra", (), pair_tiles=True, warps=_DPLR_INTRA_WARPS),
                    KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BT"), ("BT", "BT"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dh", (("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
                                (("BK", "BV"), ("BT", "BT")), whole_k=True),
                    KernelShape("bwd_dv", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BT"), ("BT", "BV"))),
                    KernelShape("bwd_dA", (("BV", "BK"), ("BV", "BK"), ("BT", "BV"), ("BT", "BV"), ("BT", "BV"),
-                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS,
-                               bounded=_DPLR_BOUNDED_DA),
-                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS, bounded=_DPLR_BOUNDED_DQK),
+                                          ("BT", "BV")), (("BT", "BK"),), whole_k=True, warps=_DPLR_DA_WARPS),
+                   KernelShape("bwd_dqk", (), pair_tiles=True, warps=_DPLR_DQK_WARPS),
                    _DPLR_TRANSITION_SCAN),
-                  chunked=True, bounded_chunk_size=32, segment_rule=DPLR_SPLIT),
+                  chunked=True, bounded_chunk_size=16, segment_rule=DPLR_SPLIT),
         # One token-by-token template for every recurrence, switched by its features (fla_gen.features).
         Algorithm("fused_recurrent", "kernels/fused_recurrent.jinja",
                   (KernelShape("recurrent_fwd", (), pipelined=False),
@@ -529,11 +505,10 @@ def _config(block_k: int, block_v: int, warps: int, stages: int, sources: list[s
 
 
 def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, chunk_size: int,
-                bounded: bool = False, row_gate: bool = False, decode: DecodeWork = DecodeWork()) -> LaunchConfig:
-    """Tile sizes, warps and stages for one kernel on one arch; ``bounded``: for the plan of calls with a
-    gate lower bound (plan_algorithm); ``row_gate``: the recurrence decays by one log gate per token (its
-    pair_tiles kernels take plain dots times [BT, BT] decays); ``decode``: the decode kernel's inline
-    transforms."""
+                row_gate: bool = False, decode: DecodeWork = DecodeWork()) -> LaunchConfig:
+    """Tile sizes, warps and stages for one kernel on one arch; ``row_gate``: the recurrence decays by one log
+    gate per token (its pair_tiles kernels take plain dots times [BT, BT] decays); ``decode``: the decode
+    kernel's inline transforms."""
     block = min(64, head_dim)
     warps = 4
     warps_src = ""  # the default: no source to cite
@@ -555,11 +530,6 @@ def plan_kernel(shape: KernelShape, arch: ArchInfo, dtype: str, head_dim: int, c
         return _config(16, 16, warps, 1, ["row-gate-pairs", warps_src],
                        f"K in 16-wide blocks: dots of [{chunk_size}, 16] tiles, then the [{chunk_size}, {chunk_size}] "
                        f"decays of one gate per token; {warps_why}")
-    if shape.pair_tiles and bounded:
-        # a gate bound turned the pairwise decays into dots of [BT, BK] tiles
-        return _config(16, 16, warps, 1, ["pair-dots", warps_src],
-                       f"tensor-core pairwise dots over 16-wide K blocks ([{chunk_size}, 16] fp32 factor tiles: at "
-                       f"32 wide bwd_dqk spills ~100 B, fla-gen aot); {warps_why}")
     if shape.pair_tiles:
         return _config(16, 16, warps, 1, ["pair-blocks", warps_src],
                        f"K in 16-wide blocks: [BT, 16] factor tiles for dots, or entry-wise [BT, BT, 16] fp32 decay "
@@ -699,21 +669,17 @@ def _never_launched(head_dim: int, source: str, why: str) -> LaunchConfig:
     return _config(head_dim, 16, 4, 1, [source], f"never taken: {why}; fwd_h + fwd_o", min_sm_share=None)
 
 
-def _bounded_config(rules: tuple[BoundedRule, ...], arch: str, cfg: LaunchConfig) -> LaunchConfig:
-    """``cfg`` with a KernelShape's bounded-plan warps (and V tile) for ``arch`` applied."""
-    rule = next((r for r in rules if r.arch == arch), None)
-    if rule is None:
-        return cfg
-    why = f"{cfg.reason.split(';')[0]}; {rule.num_warps} warps" + (f", {rule.block_v}-wide V" if rule.block_v else "")
-    return _config(cfg.block_k, rule.block_v or cfg.block_v, rule.num_warps, cfg.num_stages,
-                   [cfg.source.split(",")[0], rule.source], why)
+# What a pairwise kernel of the bounded plan cites: the rule, and on the target it was measured on, the
+# measurement that replaced the longer chunks a bound used to select.
+_BOUNDED_CITES = ("bounded-rule", "h200-dplr-bounded-chunks")
 
 
-def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> LaunchConfig:
-    """``cfg`` with a walk's run-time split rule (and its measurement, on the target it was measured on) cited."""
-    if split is None:
+def _with_cited(cfg: LaunchConfig, cited: tuple[str, ...] | None, arch: str) -> LaunchConfig:
+    """``cfg`` with more rules (and their measurements, on the target they were measured on) cited: a walk's
+    run-time split, the bounded plan's pairwise kernels."""
+    if cited is None:
         return cfg
-    ids = [i for i in split if speaks_for(i, arch)]
+    ids = [i for i in cited if speaks_for(i, arch)]
     reason = f"{cfg.reason}; {explain(','.join(ids))}"
     return replace(cfg, reason=reason, source=",".join(dict.fromkeys([*cfg.source.split(","), *ids])))
 
@@ -742,12 +708,12 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
         bt = algo.bounded_chunk_size
         gate_bound = gate_bound_for_chunk(bt)
         bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
-                  f"middle row stays below e^86 (fla's gate_bound_is_safe), so the pairwise decays are "
-                  f"tensor-core dots")
+                  f"middle row stays below e^86 (fla's gate_bound_is_safe), so every K block's pairwise decays are "
+                  f"tensor-core dots, with no run-time check and no list of strong-gate chunks")
         if _row_gate(rec):
-            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f} (the per-channel "
-                      f"gate's bounded plan, not measured for this path; with one log gate per token the pairwise "
-                      f"decays are dots times [{bt}, {bt}] decays whatever the bound)")
+            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f}: with one log gate "
+                      f"per token the pairwise decays are dots times [{bt}, {bt}] decays whatever the bound, so this "
+                      f"is the plan without one")
     elif algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
@@ -756,12 +722,12 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     # rule (plan_fused_walk), which never refuses a target: the generic whole-K rule would, and a refused kernel
     # drops the whole plan row.
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
-                     else (None if bounded else tuned_config(arch_name, algo.name, k.stage, dtype, bucket))
-                     or plan_kernel(k, arch, dtype, bucket, bt, bounded, _row_gate(rec), decode)) for k in algo.kernels)
+                     else tuned_config(arch_name, algo.name, k.stage, dtype, bucket)
+                     or plan_kernel(k, arch, dtype, bucket, bt, _row_gate(rec), decode)) for k in algo.kernels)
     if bounded:
-        kernels = tuple((stage, _bounded_config(k.bounded, arch_name, cfg))
+        kernels = tuple((stage, _with_cited(cfg, _BOUNDED_CITES if k.pair_tiles else None, arch_name))
                         for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
-    kernels = tuple((stage, _with_split(cfg, k.small_grid_split, arch_name))
+    kernels = tuple((stage, _with_cited(cfg, k.small_grid_split, arch_name))
                     for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
     return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
 

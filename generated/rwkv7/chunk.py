@@ -1412,9 +1412,10 @@ def chunk_rwkv7(
             cu_seqlens comes from the context (pass None), initial_state and output_final_state are
             refused, and every rank must call the op and run its backward (collectives).
         gate_lower_bound: a number every entry of w is known to be >= (e.g. -0.6065 for
-            RWKV-7's -exp(-0.5) sigmoid(x) decay). A bound >= -5.06 selects the 32-token plan with
-            tensor-core pairwise decays; otherwise the plan that is safe for any gate runs. Checked
-            against the data (one reduction and a device sync).
+            RWKV-7's -exp(-0.5) sigmoid(x) decay). With a bound >= -9.55 every chunk's pairwise
+            decays are tensor-core dots, compiled without the run-time check of the gates' span (the same
+            16-token chunks as without a bound); otherwise the plan that is safe for any gate runs.
+            Checked against the data (one reduction and a device sync).
 
     Under torch.compile this function is traced without a graph break: the checks of shapes, dtypes
     and devices run at trace time, and the values of cu_seqlens (start 0, non-decreasing, end T) are

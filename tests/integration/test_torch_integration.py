@@ -134,7 +134,8 @@ def test_opcheck(op, mode):
 
 
 def test_opcheck_with_a_gate_lower_bound():
-    """The bounded-gate plan of chunk_rwkv7 (longer chunks, a second plan table) behind the same op."""
+    """The bounded-gate plan of chunk_rwkv7 (a second plan table, its pairwise kernels without the run-time
+    check) behind the same op."""
     rec = recurrence("rwkv7")
     custom_op = generated("rwkv7").chunk._chunk_rwkv7_op
     x = sample_inputs(rec, 1, 40, 1, 16, 8, torch.float32)

@@ -109,21 +109,21 @@ def test_varlen_with_an_empty_sequence(built):
 
 
 def test_bounded_plan(built, monkeypatch):
-    """gate_lower_bound selects the 32-token plan for a scalar gate (its chunk size seen by the launcher)."""
+    """gate_lower_bound selects the bounded plan for a scalar gate (its gate bound seen by the launcher)."""
     rec, pkg = built["scalar"]
     module = sys.modules[f"{rec.spec.package}.chunk"]
     sizes = []
 
     def spy(launcher):
         def run(*args):
-            sizes.append(args[-1].chunk_size)  # the plan is the launchers' last argument
+            sizes.append((args[-1].chunk_size, args[-1].gate_bound is not None))  # the plan: the last argument
             return launcher(*args)
         return run
 
     monkeypatch.setattr(module, "chunk_fwd", spy(module.chunk_fwd))
     monkeypatch.setattr(module, "chunk_bwd", spy(module.chunk_bwd))
     _check(built, "scalar", floor=-2.0, seed=6, op_kwargs={"gate_lower_bound": -2.0})
-    assert sizes == [32, 32]
+    assert sizes == [(16, True), (16, True)]
 
 
 def test_bound_covers_both_gates(built):

@@ -65,8 +65,8 @@ def test_rwkv7_parameterisation(mode, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_gate_lower_bound_uses_the_bounded_plan(dtype, monkeypatch):
-    """With gate_lower_bound, chunk_rwkv7 runs the bounded plan (longer chunks whose pairwise decays are
-    tensor-core products of exp factors around each chunk's middle row); it must match the reference."""
+    """With gate_lower_bound, chunk_rwkv7 runs the bounded plan (every chunk's pairwise decays are tensor-core
+    products of exp factors around its middle row, with no run-time check); it must match the reference."""
     pkg = generated("rwkv7")
     chunk_module = importlib.import_module("generated.rwkv7.chunk")
     chosen = []
@@ -85,13 +85,17 @@ def test_gate_lower_bound_uses_the_bounded_plan(dtype, monkeypatch):
     result = compare_with_reference(pkg.chunk_rwkv7, pkg.rwkv7_reference, {**x, "initial_state": h0}, dtype,
                                     name="chunk_rwkv7", guard=on_sm90, op_kwargs={"gate_lower_bound": -0.6065})
     # the forward and the backward op each select the plan
-    assert [p.chunk_size for p in chosen] == [ALGORITHMS["chunk_dplr"].bounded_chunk_size] * 2 == [32, 32]
+    assert [p.chunk_size for p in chosen] == [ALGORITHMS["chunk_dplr"].bounded_chunk_size] * 2 == [16, 16]
     assert all(p.gate_bound is not None for p in chosen)
     assert not result.failures(), result.errors
 
 
-def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan():
+def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan(monkeypatch):
     pkg = generated("rwkv7")
+    chunk_module = importlib.import_module("generated.rwkv7.chunk")
+    chosen = []
+    original = chunk_module.select_bounded_plan
+    monkeypatch.setattr(chunk_module, "select_bounded_plan", lambda *a: chosen.append(original(*a)) or chosen[-1])
     x = sample_inputs(recurrence("rwkv7"), 1, 40, 2, 16, 16, torch.float32, seed=4)
     x["w"] = -6.0 * torch.rand(1, 40, 2, 16)
     with pytest.raises(ValueError, match="finite negative"):
@@ -100,10 +104,14 @@ def test_gate_lower_bound_is_checked_and_too_loose_a_bound_keeps_the_safe_plan()
         pkg.chunk_rwkv7(*x.values(), gate_lower_bound="low")
     with pytest.raises(ValueError, match="below gate_lower_bound"):
         pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-1.0)
-    # -6 is looser than the bounded plan allows (about -5.06): the default plan runs, and agrees
-    o_loose, _ = pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-6.0)
+    # -12 is looser than the bounded plan allows (about -9.55): the plan safe for any gate runs, and agrees
+    o_loose, _ = pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-12.0)
+    assert chosen[-1].gate_bound is None
     o_default, _ = pkg.chunk_rwkv7(*x.values())
     assert torch.equal(o_loose, o_default)
+    # -6 holds and is within it: the bounded plan
+    pkg.chunk_rwkv7(*x.values(), gate_lower_bound=-6.0)
+    assert chosen[-1].gate_bound is not None
 
 
 @pytest.mark.parametrize(("dtype", "B", "T", "K", "cu_seqlens"), [
