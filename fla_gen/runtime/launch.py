@@ -224,6 +224,13 @@ def strong_work_programs(items: int, device: torch.device) -> int:
 SPLIT_FORWARD_STAGES = ("fwd_h", "fwd_o")
 
 
+def walk_order(chunk_offsets: torch.Tensor | None, walks: int) -> torch.Tensor | None:
+    """The order of a varlen call's (or its segments') ``walks`` state walks, longest first: the tail of its
+    ``chunk_offsets`` [2 * walks + 1] (varlen.prepare_chunk_indices, segments.SegmentTables), or None for a dense
+    call (``chunk_offsets`` None), whose walks are all alike."""
+    return None if chunk_offsets is None else chunk_offsets[walks + 1:]
+
+
 class PackedWalks(NamedTuple):
     """How the chunks of a packed call (cu_seqlens) spread over its walks, for the launch rules that depend on its
     longest walk: ``chunk_steps``, the chunks of all its sequences times the heads (the steps of all its

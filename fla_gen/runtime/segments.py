@@ -38,7 +38,7 @@ import torch
 
 from fla_gen.runtime.launch import cdiv, sm_count
 from fla_gen.runtime.plan_types import SegmentRule
-from fla_gen.runtime.varlen import int32_tables_on, sequence_chunks
+from fla_gen.runtime.varlen import int32_tables_on, sequence_chunks, walk_order
 
 # The narrowest V tile a walk takes to make programs (launch.FUSED_WALK_MIN_BLOCK_V, launch.STATE_WALK_MIN_TILE):
 # one (sequence, head) walk is at most V / 32 programs.
@@ -50,8 +50,9 @@ class SegmentTables:
     """The segments of one call, as the segment-mode kernels index them.
 
     ``cu_seqlens``: [S + 1] int32, the token bounds of every segment in the flattened [B * T] tokens (a
-    segment is a packed sequence of the segment-mode walks); ``chunk_offsets``: [S + 1] int32, the first
-    chunk of each segment in the call's chunk numbering; ``first_segment``: [N + 1] int32, the first segment
+    segment is a packed sequence of the segment-mode walks); ``chunk_offsets``: [2S + 1] int32, the first
+    chunk of each segment in the call's chunk numbering, then the order of the walks over the segments
+    (varlen.walk_order); ``first_segment``: [N + 1] int32, the first segment
     of each sequence (the scan's bounds); ``count``: S.
     """
 
@@ -131,8 +132,8 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
 
 
 def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(segment token bounds [S + 1], first chunk of each segment [S + 1], first segment of each sequence
-    [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""
+    """(segment token bounds [S + 1], first chunk of each segment [S + 1] and the walk order [S], first segment
+    of each sequence [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""
     seq_chunks = sequence_chunks(bounds, chunk_size)
     seq_segments = (seq_chunks + chunks - 1) // chunks
     first_segment = np.zeros(len(seq_chunks) + 1, dtype=np.int64)
@@ -144,7 +145,7 @@ def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarra
     starts = bounds[:-1][seq] + within * chunks * chunk_size
     seg_bounds = np.append(starts, bounds[-1]) if len(starts) else bounds[:1].copy()
     seg_chunks = np.append(first_chunk[:-1][seq] + within * chunks, first_chunk[-1])
-    return seg_bounds, seg_chunks, first_segment
+    return seg_bounds, np.concatenate([seg_chunks, walk_order(np.diff(seg_chunks))]), first_segment
 
 
 def _segment_tables_of(bounds: np.ndarray, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
@@ -159,7 +160,7 @@ def _dense_tables(B: int, T: int, chunk_size: int, chunks: int, device: torch.de
 
 def _placeholder_tables(count: int, N: int, device: torch.device) -> SegmentTables:
     empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
-    return SegmentTables(empty(count + 1), empty(count + 1), empty(N + 1), count)
+    return SegmentTables(empty(count + 1), empty(2 * count + 1), empty(N + 1), count)
 
 
 def segment_tables(B: int, T: int, H: int, K: int, V: int, chunk_size: int, num_sequences: int | None,

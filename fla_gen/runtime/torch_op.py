@@ -85,14 +85,16 @@ def _varlen_tables(op: str, cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tens
     N = cu_seqlens.shape[0] - 1
     if shapes_only():
         nt = -(-T // chunk_size) + N
-        return (cu_seqlens.new_empty(nt, 2, dtype=torch.int32), cu_seqlens.new_empty(N + 1, dtype=torch.int32), None)
+        return (cu_seqlens.new_empty(nt, 2, dtype=torch.int32), cu_seqlens.new_empty(2 * N + 1, dtype=torch.int32),
+                None)
     bounds = varlen_bounds(op, cu_seqlens, cu_seqlens_cpu, T)
     return (*prepare_chunk_indices(bounds, chunk_size, cu_seqlens.device), bounds)
 
 
 def chunk_tables(op: str, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None,
                  chunk_size: int, T: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``chunk_indices`` [NT, 2] and ``chunk_offsets`` [N + 1] (int32) for a varlen call, or (None, None).
+    """``chunk_indices`` [NT, 2] and ``chunk_offsets`` [2N + 1] (int32; varlen.prepare_chunk_indices) for a varlen
+    call, or (None, None).
 
     While only shapes are wanted (fake tensors carry no values) it returns tables of the largest
     possible NT, ceil(T / BT) + N: they size scratch buffers only, never an output.

@@ -23,8 +23,9 @@ def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device:
     Returns:
         chunk_indices: ``[NT, 2]`` int32, row ``i`` = (sequence n, chunk index within n) of
             the i-th chunk over the whole packed batch; zero-length sequences own no chunk.
-        chunk_offsets: ``[N+1]`` int32, the first global chunk of each sequence (so the
-            per-chunk states of sequence n live at ``h[chunk_offsets[n] + c]``).
+        chunk_offsets: ``[2N+1]`` int32: the first global chunk of each sequence (so the per-chunk
+            states of sequence n live at ``h[chunk_offsets[n] + c]``), then (``[N+1:]``) the order in which
+            the state walks take the sequences (:func:`walk_order`).
     """
     # numpy, not torch: on a few dozen ints each numpy op costs ~1 us against ~20 us for torch's CPU ops.
     bounds = cu_seqlens_cpu.numpy().astype(np.int64)
@@ -33,7 +34,20 @@ def prepare_chunk_indices(cu_seqlens_cpu: torch.Tensor, chunk_size: int, device:
     np.cumsum(n_chunks, out=offsets[1:])
     seq_ids = np.repeat(np.arange(len(n_chunks)), n_chunks)
     within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], n_chunks)
-    return int32_tables_on(device, np.stack([seq_ids, within], 1), offsets)
+    return int32_tables_on(device, np.stack([seq_ids, within], 1), np.concatenate([offsets, walk_order(n_chunks)]))
+
+
+def walk_order(walk_chunks: np.ndarray) -> np.ndarray:
+    """The walks ([N] chunks each) longest first, ties in their order: [N] int64 walk indices.
+
+    A packed batch's state walks are one program per (walk, head, V tile), of very different lengths. The GPU
+    starts programs in grid order; taken in the batch's order, a long walk that starts late ends after the others.
+    Longest first (LPT scheduling) the programs that start last are short. H200, bf16, the varlen preset (32
+    sequences of 256-8192 tokens, drawn order against the same sequences sorted longest first), kernel time:
+    simple_gla forward 1.275 -> 1.101 ms, forward+backward 8.75 -> 8.42; the delta rule 2.21 -> 2.11 and 10.66 ->
+    10.33; the gated delta rule 3.12 -> 2.98 and 13.92 -> 13.52.
+    """
+    return np.argsort(-walk_chunks, kind="stable")
 
 
 def int32_tables_on(device: torch.device, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:

@@ -249,6 +249,7 @@ def dplr_delta_rule_fwd_h_kernel(
     ht,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -276,6 +277,8 @@ def dplr_delta_rule_fwd_h_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -411,6 +414,7 @@ def dplr_delta_rule_bwd_dh_kernel(
     dh0,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -433,6 +437,8 @@ def dplr_delta_rule_bwd_dh_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -957,6 +963,7 @@ def _launch_fwd_h(v, g, intra, o, h, u, initial_state, final_state, cu_seqlens, 
         final_state,
         cu_seqlens,
         chunk_offsets,
+        launch.walk_order(chunk_offsets, walks),
         T,
         H=H,
         K=K,
@@ -1090,7 +1097,7 @@ def _launch_bwd_dh(g, intra, do, dh, du, dht, dh0, cu_seqlens, chunk_offsets, wa
     cfg = plan.config("bwd_dh")
     BV = launch.dot_tile(cfg.block_v, V)
     dplr_delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), walks * H)](
-        g_last, qg, bg, w, Aqb, do, dht, dh, du, dh0, cu_seqlens, chunk_offsets, do.shape[1],
+        g_last, qg, bg, w, Aqb, do, dht, dh, du, dh0, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), do.shape[1],
         H=H, K=K, V=V, BT=plan.chunk_size, BK=launch.whole_dim_tile(K), BV=BV,
         USE_G=g is not None, USE_FINAL_STATE_GRADIENT=dht is not None,
         STORE_INITIAL_STATE_GRADIENT=dh0 is not None, STORE_CHUNKS=dh is not None, IS_VARLEN=cu_seqlens is not None,

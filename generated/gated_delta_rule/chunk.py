@@ -349,6 +349,7 @@ def gated_delta_rule_fwd_h_kernel(
     ht,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     T,
     H: tl.constexpr,
     HK: tl.constexpr,
@@ -375,6 +376,8 @@ def gated_delta_rule_fwd_h_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -509,6 +512,7 @@ def gated_delta_rule_fwd_fused_kernel(
     h0,
     ht,
     cu_seqlens,
+    walk_order,
     scale,
     T,
     H: tl.constexpr,
@@ -535,6 +539,8 @@ def gated_delta_rule_fwd_fused_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -712,6 +718,7 @@ def gated_delta_rule_bwd_dh_kernel(
     dh0,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     scale,
     T,
     H: tl.constexpr,
@@ -742,6 +749,8 @@ def gated_delta_rule_bwd_dh_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -1270,6 +1279,7 @@ def _launch_fwd_h(k, w, u, g_cum, h, v_new, initial_state, final_state, cu_seqle
         final_state,
         cu_seqlens,
         chunk_offsets,
+        launch.walk_order(chunk_offsets, walks),
         k.shape[1],
         H=H,
         HK=HK,
@@ -1398,7 +1408,7 @@ def _launch_bwd_dh(q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlen
     BK = launch.whole_dim_tile(K)
     BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, walks * H, launch.split_sm_count(cfg, k.device))
     gated_delta_rule_bwd_dh_kernel[(launch.cdiv(V, BV), walks * H)](
-        q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, scale, do.shape[1],
+        q, k, w, g_cum, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), scale, do.shape[1],
         H=H, HK=HK, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, RB=launch.state_row_block(BK), USE_G=g_cum is not None,
         USE_FINAL_STATE_GRADIENT=dht is not None, STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         STORE_CHUNKS=dh is not None, IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps,
@@ -1490,12 +1500,14 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         o = torch.empty_like(v)
         if segments is None:
             walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            walk_order = launch.walk_order(chunk_offsets, N)
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, w, u, g_cum, initial_state, output_final_state, segments, N, plan)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+            walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
         gated_delta_rule_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
@@ -1509,6 +1521,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             walk_initial_state,
             walk_final_state,
             walk_cu_seqlens,
+            walk_order,
             scale,
             T,
             H=H,

@@ -120,7 +120,7 @@ def gla_cumsum_kernel(
 @cached_launch
 @triton.jit
 def gla_fwd_h_kernel(
-    k, v, G, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, T,
+    k, v, G, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, walk_order, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     STORE_TOTAL_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -129,6 +129,9 @@ def gla_fwd_h_kernel(
     # and its total log gate per key channel: STORE_CHUNK_STATES off.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
     bos, T_seq, boh = _gla_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -412,7 +415,7 @@ def gla_fwd_o_kernel(
 @cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gla_fwd_fused_kernel(
-    q, k, v, G, A, o, h0, ht, cu_seqlens, scale, T,
+    q, k, v, G, A, o, h0, ht, cu_seqlens, walk_order, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -425,6 +428,8 @@ def gla_fwd_fused_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -475,13 +480,16 @@ def gla_fwd_fused_kernel(
 @cached_launch
 @triton.jit
 def gla_bwd_dh_kernel(
-    q, G, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
+    q, G, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walk_order, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr, STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     STORE_CHUNK_STATES: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
     bos, T_seq, boh = _gla_locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -872,7 +880,7 @@ def _launch_fwd_h(k, v, G, h, initial_state, final_state, gate_total, cu_seqlens
     BK, BV = launch.state_walk_tiles(_tile(cfg.block_k, K), _tile(cfg.block_v, V), K, V, walks * H,
                                      launch.split_sm_count(cfg, k.device))
     gla_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
-        k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, T,
+        k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), T,
         H=H, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=final_state is not None, STORE_CHUNK_STATES=h is not None,
         STORE_TOTAL_GATE=gate_total is not None, IS_VARLEN=cu_seqlens is not None,
@@ -983,12 +991,14 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         o = torch.empty_like(v)
         if segments is None:
             walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            walk_order = launch.walk_order(chunk_offsets, N)
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+            walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
         gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
@@ -999,6 +1009,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             walk_initial_state,
             walk_final_state,
             walk_cu_seqlens,
+            walk_order,
             scale,
             T,
             H=H,
@@ -1064,7 +1075,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     def launch_bwd_dh(dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, walks):
         gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
-            q, G, do, dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, scale, T,
+            q, G, do, dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, launch.walk_order(walk_chunk_offsets, walks), scale, T,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_FINAL_STATE_GRADIENT=dht is not None,
             STORE_INITIAL_STATE_GRADIENT=dh0 is not None, STORE_CHUNK_STATES=dh is not None,
             IS_VARLEN=walk_cu_seqlens is not None, DOT_PRECISION=dot_precision,

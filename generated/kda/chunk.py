@@ -715,6 +715,7 @@ def kda_fwd_h_kernel(
     ht,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     T,
     H: tl.constexpr,
     HK: tl.constexpr,
@@ -740,6 +741,8 @@ def kda_fwd_h_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -943,6 +946,7 @@ def kda_bwd_dh_kernel(
     dh0,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     scale,
     T,
     H: tl.constexpr,
@@ -973,6 +977,8 @@ def kda_bwd_dh_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -1411,6 +1417,7 @@ def _launch_fwd_h(k, w, u, kd, G, h, v_new, initial_state, final_state, cu_seqle
         final_state,
         cu_seqlens,
         chunk_offsets,
+        launch.walk_order(chunk_offsets, walks),
         k.shape[1],
         H=H,
         HK=HK,
@@ -1539,7 +1546,7 @@ def _launch_bwd_dh(q, k, w, qg, kd, G, do, dv_local, dh, dv_new, dht, dh0, cu_se
     BK = launch.whole_dim_tile(K)
     BV = launch.whole_k_walk_block_v(launch.dot_tile(cfg.block_v, V), V, walks * H, launch.split_sm_count(cfg, k.device))
     kda_bwd_dh_kernel[(launch.cdiv(V, BV), walks * H)](
-        qg, kd, w, G, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, scale, do.shape[1],
+        qg, kd, w, G, do, dv_local, dh, dv_new, dht, dh0, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), scale, do.shape[1],
         H=H, HK=HK, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, RB=launch.state_row_block(BK),
         USE_FINAL_STATE_GRADIENT=dht is not None, STORE_INITIAL_STATE_GRADIENT=dh0 is not None,
         STORE_CHUNKS=dh is not None, IS_VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps,

@@ -84,6 +84,7 @@ def simple_gla_fwd_h_kernel(
     gate_total,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -107,6 +108,8 @@ def simple_gla_fwd_h_kernel(
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -245,6 +248,7 @@ def simple_gla_fwd_fused_kernel(
     h0,
     ht,
     cu_seqlens,
+    walk_order,
     scale,
     T,
     H: tl.constexpr,
@@ -266,6 +270,8 @@ def simple_gla_fwd_fused_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -341,6 +347,7 @@ def simple_gla_bwd_dh_kernel(
     dh0,
     cu_seqlens,
     chunk_offsets,
+    walk_order,
     scale,
     T,
     H: tl.constexpr,
@@ -364,6 +371,8 @@ def simple_gla_bwd_dh_kernel(
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(walk_order + i_n).to(tl.int32)
+        i_nh = i_n * H + i_h
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
@@ -756,6 +765,7 @@ def _launch_fwd_h(
         gate_total,
         cu_seqlens,
         chunk_offsets,
+        launch.walk_order(chunk_offsets, walks),
         T,
         H=H,
         K=K,
@@ -893,12 +903,14 @@ def chunk_fwd(
         o = torch.empty_like(v)
         if segments is None:
             walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            walk_order = launch.walk_order(chunk_offsets, N)
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+            walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
         simple_gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
             q,
             k,
@@ -908,6 +920,7 @@ def chunk_fwd(
             walk_initial_state,
             walk_final_state,
             walk_cu_seqlens,
+            walk_order,
             scale,
             T,
             H=H,
@@ -985,6 +998,7 @@ def _launch_bwd_dh(q, do, g_cum, dh, dht, dh0, cu_seqlens, chunk_offsets, walks,
         dh0,
         cu_seqlens,
         chunk_offsets,
+        launch.walk_order(chunk_offsets, walks),
         scale,
         T,
         H=H,

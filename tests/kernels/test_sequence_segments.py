@@ -55,7 +55,8 @@ def test_dense_segment_tables():
     """B = 2, T = 200 at 64-token chunks (4 per sequence, the last one partial), 2 chunks per segment."""
     with segments.forced_segment_chunks(2):
         t = segments.segment_tables(2, 200, 3, 32, 32, 64, None, None, torch.device("cpu"), DIAGONAL_SPLIT)
-    assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8], [0, 2, 4], 4)
+    # chunk_offsets: the segments' first chunks, then the walk order (equal segments: as they come)
+    assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8, 0, 1, 2, 3], [0, 2, 4], 4)
 
 
 def test_varlen_segment_tables():
@@ -63,7 +64,8 @@ def test_varlen_segment_tables():
     with segments.forced_segment_chunks(2):
         t = segments.segment_tables(1, 300, 3, 32, 32, 64, 3, torch.tensor([0, 50, 50, 300]), torch.device("cpu"),
                                     DIAGONAL_SPLIT)
-    assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5], [0, 1, 1, 3], 3)
+    # the walk order: the two 2-chunk segments first, then the 1-chunk one
+    assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5, 1, 2, 0], [0, 1, 1, 3], 3)
 
 
 class _CountingKernel:

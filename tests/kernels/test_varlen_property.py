@@ -69,3 +69,16 @@ def test_varlen_equals_per_sequence_reference(lengths, op, mode, seed):
     for name, g, r in zip([*x, "initial_state"], grads, ref_grads, strict=True):
         r = torch.zeros_like(g, dtype=torch.float64) if r is None else r
         assert relative_error(g, r) < 1e-4, (name, relative_error(g, r))
+
+
+def test_chunk_offsets_carry_the_walk_order_longest_first():
+    """prepare_chunk_indices' chunk_offsets: each sequence's first chunk, then the sequences by their chunks, most
+    first and ties in order (the walks' launch order, launch.walk_order); an empty sequence walks last."""
+    from fla_gen.runtime import launch
+    from fla_gen.runtime.varlen import prepare_chunk_indices
+
+    # 64-token chunks: 1, 3, 0, 3 and 2 chunks
+    _, chunk_offsets = prepare_chunk_indices(torch.tensor([0, 10, 200, 200, 392, 500]), 64, torch.device("cpu"))
+    assert chunk_offsets.tolist() == [0, 1, 4, 4, 7, 9, 1, 3, 4, 0, 2]
+    assert launch.walk_order(chunk_offsets, 5).tolist() == [1, 3, 4, 0, 2]
+    assert launch.walk_order(None, 5) is None
