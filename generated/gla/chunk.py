@@ -944,7 +944,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         initial_state: [N, H, K, V] float32 or None (zeros).
         output_final_state: return the state after the last token.
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B == 1), or None.
-        chunk_indices: [NT, 2] int32, chunk_offsets [N + 1] int32 from prepare_chunk_indices at
+        chunk_indices: [NT, 2] int32, chunk_offsets [2N + 1] int32 from prepare_chunk_indices at
             plan.chunk_size, or None.
         segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
             the states entering them come first (a walk from zero per segment, and a scan).

@@ -1146,7 +1146,7 @@ def chunk_fwd(q, k, v, g, a, b, scale, initial_state, output_final_state, cu_seq
         initial_state: [N, H, K, V] float32, or None
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and chunk_offsets
-            [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
+            [2N + 1] from prepare_chunk_indices at plan.chunk_size (offsets, then the walk order), or None.
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None to walk whole
             sequences. With segments the state walk runs over them, from the states entering them (a walk from
             zero and one from the identity per segment, and a scan).

@@ -877,7 +877,7 @@ def chunk_fwd(
         initial_state: [N, H, K, V] float32, or None
         output_final_state: bool
         cu_seqlens: [N + 1] int32/int64 (B == 1), or None; chunk_indices [NT, 2] and
-            chunk_offsets [N + 1] from prepare_chunk_indices at plan.chunk_size, or None.
+            chunk_offsets [2N + 1] from prepare_chunk_indices at plan.chunk_size (offsets, then the walk order), or None.
         segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
             the states entering them come first (a walk from zero per segment, and a scan).
         packed_walks: the call's launch.PackedWalks (None: a dense call), for fwd_fused's launch choice.
