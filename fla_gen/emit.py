@@ -693,16 +693,19 @@ def emit_package(rec: Recurrence) -> tuple[GeneratedFile, ...]:
                                                               *ref.transforms))
     plans_ctx = dict(common)
     plans_ctx["tables"] = [
-        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels",
+        {"name": "CHUNK_PLANS", "doc": f"{chunk_algo.name}: the chunked kernels", "derived_from": None,
          **_plan_rows(plan_table(lowered.features, chunk_algo))},
-        {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels",
+        {"name": "RECURRENT_PLANS", "doc": f"{recurrent_algo.name}: the decode kernels", "derived_from": None,
          **_plan_rows(plan_table(lowered.features, recurrent_algo, decode=decode_work(rec)))},
     ]
     if chunk_algo.bounded_chunk_size:
+        # the plans without a bound, each with the gate bound (plan_algorithm's bounded plan): written as that,
+        # not row by row; planning the bounded table refuses an algorithm whose chunks would differ
+        gate_bound = plan_table(lowered.features, chunk_algo, bounded=True)[0].gate_bound
         plans_ctx["tables"].append(
-            {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound >= the plan's "
-             f"gate_bound (tensor-core pairwise decays)",
-             **_plan_rows(plan_table(lowered.features, chunk_algo, bounded=True))})
+            {"name": "BOUNDED_CHUNK_PLANS", "doc": f"{chunk_algo.name} for calls with gate_lower_bound >= "
+             f"{gate_bound:.4f}: CHUNK_PLANS, the gates' run-time check dropped",
+             "derived_from": "CHUNK_PLANS", "gate_bound": gate_bound, "arch_aliases": [], "aliases": []})
     pkg = rec.spec.package
     transforms = plan_transforms(lowered)
     extra = () if transforms is None else (

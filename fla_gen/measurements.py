@@ -106,10 +106,6 @@ SOURCES: dict[str, Source] = {
                                     "mma.sync targets its tiles spill 24-400 B, fla-gen aot): fwd_h + fwd_o"),
     "fused-walk-no-fit": Source("rule: fwd_fused is never taken: even [K, 16] tiles at 2 stages do not fit the "
                                 "target's shared memory"),
-    "bounded-rule": Source("rule (gate lower bound): the bounded plan is the plan without a bound, the same chunks "
-                           "and launches, its pairwise kernels compiled with the factored dots on every K block: no "
-                           "run-time check of the gates' span, no list of strong-gate chunks and no second launch "
-                           "over it"),
     # --------------------------------------------------------------------------- compile-time checks (fla-gen aot)
     "aot-scan-warps": Source("fla-gen aot: 8 warps for the delta family's segment_scan at head dim 128, whose "
                              "tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B on sm90 "
@@ -259,16 +255,6 @@ SOURCES: dict[str, Source] = {
     "h100-dplr-intra-warps": Source(
         "the DPLR chunk op with RWKV-7 gates at 4x4096x16x128 with the factored dots: fwd_intra 3.27 ms at 8 "
         "warps, 2.14 at 4", _H100),
-    "h200-dplr-bounded-chunks": Source(
-        "RWKV-7 (w = logsigmoid(randn) / 16, gate_lower_bound -0.6065), chunk_rwkv7 with and without the bound in one "
-        "process per shape, 3 alternating rounds, H200, bf16. The bound used to select 32-token chunks with their "
-        "own warps: forward 1.43-1.45 ms against 1.03 without it at 4x4096x16x128, 1.92-1.95 against 1.35 at "
-        "1x16384x16x128; forward+backward 5.25 against 5.00-5.01 and 6.01 against 5.38-5.39. Since fwd_intra and "
-        "bwd_dqk run the dots in a grid of their own and the walks take 3 stages, the 16-token plan is the faster "
-        "one, and a bound keeps its chunks. On them (the FACTORED kernels, no list) outputs are bit-identical to "
-        "the plan without a bound, and the calls slower by the bound's check (a reduction and a device sync): "
-        "forward 1.17-1.32 ms against 1.025-1.031, 1.475-1.479 against 1.338-1.348; forward+backward 5.07-5.16 "
-        "against 4.99, 5.45-5.52 against 5.36-5.37", _H100),
     "h100-fused-walk-scalar": Source(
         "the forward as one walk (fwd_fused) against fwd_h + fwd_o, through the public op, same inputs, outputs "
         "bit-identical. Without a gate one program per SM is enough: the ungated op 0.244 -> 0.106 ms at "

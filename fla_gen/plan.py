@@ -293,8 +293,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                   chunked=True, segment_rule=TRANSITION_SPLIT),
         # General rank-1 (DPLR): 16-token chunks whose pairwise decays are dots of exp factors where the
         # gates keep them finite (checked per K block at run time), else built entry by entry; the output
-        # is fused into the sequential state walk (fwd_h). With a gate lower bound the same 16-token chunks take
-        # the dots on every K block, compiled without the run-time check (bounded_chunk_size, _BOUNDED_CITES).
+        # is fused into the sequential state walk (fwd_h). With a gate lower bound the same plan takes the dots
+        # on every K block, compiled without the run-time check (bounded_chunk_size).
         Algorithm("chunk_dplr", "kernels/chunk_dplr.jinja",
                   (KernelShape("fwd_intra", (), pair_tiles=True, warps=_DPLR_INTRA_WARPS),
                    KernelShape("fwd_h", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BV")),
@@ -669,17 +669,11 @@ def _never_launched(head_dim: int, source: str, why: str) -> LaunchConfig:
     return _config(head_dim, 16, 4, 1, [source], f"never taken: {why}; fwd_h + fwd_o", min_sm_share=None)
 
 
-# What a pairwise kernel of the bounded plan cites: the rule, and on the target it was measured on, the
-# measurement that replaced the longer chunks a bound used to select.
-_BOUNDED_CITES = ("bounded-rule", "h200-dplr-bounded-chunks")
-
-
-def _with_cited(cfg: LaunchConfig, cited: tuple[str, ...] | None, arch: str) -> LaunchConfig:
-    """``cfg`` with more rules (and their measurements, on the target they were measured on) cited: a walk's
-    run-time split, the bounded plan's pairwise kernels."""
-    if cited is None:
+def _with_split(cfg: LaunchConfig, split: tuple[str, str] | None, arch: str) -> LaunchConfig:
+    """``cfg`` with a walk's run-time split rule (and its measurement, on the target it was measured on) cited."""
+    if split is None:
         return cfg
-    ids = [i for i in cited if speaks_for(i, arch)]
+    ids = [i for i in split if speaks_for(i, arch)]
     reason = f"{cfg.reason}; {explain(','.join(ids))}"
     return replace(cfg, reason=reason, source=",".join(dict.fromkeys([*cfg.source.split(","), *ids])))
 
@@ -701,20 +695,26 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     arch = ARCHS[arch_name]
     rec = kernel_features(rec)
     bucket = head_dim_bucket(head_dim)
-    gate_bound = None
     if bounded:
         if not algo.bounded_chunk_size:
             raise PlanError(f"{algo.name} has no plan for a gate lower bound")
-        bt = algo.bounded_chunk_size
-        gate_bound = gate_bound_for_chunk(bt)
-        bt_why = (f"{bt}-token chunks for gates >= {gate_bound:.4f}: every factor exp(+-(G - G_m)) around the "
-                  f"middle row stays below e^86 (fla's gate_bound_is_safe), so every K block's pairwise decays are "
-                  f"tensor-core dots, with no run-time check and no list of strong-gate chunks")
+        # The plan without a bound, which a bound only lets drop the run-time check of the gates: the 32-token
+        # plan a bound used to select was 1.4x slower in the forward on the H200 (docs/performance.md).
+        plan = plan_algorithm(rec, algo, arch_name, dtype, head_dim, decode=decode)
+        if plan.chunk_size != algo.bounded_chunk_size:
+            raise PlanError(f"{algo.name}: the bounded plan's {algo.bounded_chunk_size}-token chunks are not the "
+                            f"{plan.chunk_size}-token chunks of the plan without a bound")
+        gate_bound = gate_bound_for_chunk(plan.chunk_size)
+        why = (f"{plan.chunk_size}-token chunks for gates >= {gate_bound:.4f}, as without a bound: every factor "
+               f"exp(+-(G - G_m)) around the middle row stays below e^86 (fla's gate_bound_is_safe), so every K "
+               f"block's pairwise decays are tensor-core dots, with no run-time check and no list of strong-gate "
+               f"chunks")
         if _row_gate(rec):
-            bt_why = (f"{bt}-token chunks for calls with a gate lower bound >= {gate_bound:.4f}: with one log gate "
-                      f"per token the pairwise decays are dots times [{bt}, {bt}] decays whatever the bound, so this "
-                      f"is the plan without one")
-    elif algo.chunked:
+            why = (f"{plan.chunk_size}-token chunks for calls with a gate lower bound >= {gate_bound:.4f}: with one "
+                   f"log gate per token the pairwise decays are dots times [BT, BT] decays whatever the bound, so "
+                   f"this is the plan without one")
+        return replace(plan, chunk_size_reason=why, gate_bound=gate_bound)
+    if algo.chunked:
         bt, bt_why = plan_chunk_size(rec, arch)
     else:
         bt, bt_why = 1, "token by token"
@@ -724,12 +724,9 @@ def plan_algorithm(rec: Recurrence | KernelFeatures, algo: Algorithm, arch_name:
     kernels = tuple((k.stage, plan_fused_walk(rec, algo.name, k, arch, dtype, bucket, bt) if k.stage == "fwd_fused"
                      else tuned_config(arch_name, algo.name, k.stage, dtype, bucket)
                      or plan_kernel(k, arch, dtype, bucket, bt, _row_gate(rec), decode)) for k in algo.kernels)
-    if bounded:
-        kernels = tuple((stage, _with_cited(cfg, _BOUNDED_CITES if k.pair_tiles else None, arch_name))
-                        for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
-    kernels = tuple((stage, _with_cited(cfg, k.small_grid_split, arch_name))
+    kernels = tuple((stage, _with_split(cfg, k.small_grid_split, arch_name))
                     for k, (stage, cfg) in zip(algo.kernels, kernels, strict=True))
-    return Plan(arch_name, dtype, bucket, bt, bt_why, kernels, gate_bound=gate_bound)
+    return Plan(arch_name, dtype, bucket, bt, bt_why, kernels)
 
 
 def plan_table(rec: Recurrence | KernelFeatures, algo: Algorithm, bounded: bool = False,

@@ -107,6 +107,12 @@ def same_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, dtype: s
             for (arch, d, hd), p in plans.items() if d == source and (arch, hd) not in unless}
 
 
+def with_gate_bound(plans: dict[tuple[str, str, int], Plan], gate_bound: float) -> dict[tuple[str, str, int], Plan]:
+    """Every row of ``plans`` with ``gate_bound`` set: the plan of the calls that pass a gate lower bound of at
+    least ``gate_bound`` (the same chunks and launches; the kernels drop their run-time check of the gates)."""
+    return {key: dataclasses.replace(p, gate_bound=gate_bound) for key, p in plans.items()}
+
+
 def same_arch_plans_as(plans: dict[tuple[str, str, int], Plan], source: str, arch: str,
                        unless: tuple[tuple[str, int], ...] = ()) -> dict[tuple[str, str, int], Plan]:
     """An ``arch`` row for every ``source`` row of ``plans`` whose (dtype, head dim) is not in ``unless``: the
