@@ -205,7 +205,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from fla_gen.plan import ARCHS, PlanError, plan_algorithm, select_algorithms
+    from fla_gen.plan import ARCHS, PlanError, backward_walks_forward, plan_algorithm, select_algorithms
 
     if args.sms is not None and not args.call:
         raise UsageError("--sms applies to --call: give the call's BxTxH too")
@@ -237,14 +237,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {stage:<12} BK={c.block_k:<4} BV={c.block_v:<4} warps={c.num_warps} stages={c.num_stages}"
                   f"  # {c.reason}")
     if args.call:
-        _print_call_decisions(args, algos[0], plans[0], arch.sm_count if args.sms is None else args.sms)
+        _print_call_decisions(args, algos[0], plans[0], arch.sm_count if args.sms is None else args.sms,
+                              backward_walks_forward(algos[0], lower(rec).features))
     return EXIT_OK
 
 
-def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> None:
+def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int, backward_walks: bool) -> None:
     """The run-time choices of the chunk launchers for one call (``plan --call BxTxH[xHV]``, or a packed batch's
-    ``L1,L2,...xH[xHV]``): the sequence split, the state walk's tiles and whether the forward runs as one fused walk,
-    and how."""
+    ``L1,L2,...xH[xHV]``): the sequence split, the state walk's tiles, whether the forward runs as one fused walk,
+    and how, and (``backward_walks``: fla_gen.plan.backward_walks_forward) whether the backward runs as three."""
     from fla_gen.runtime import launch, segments
 
     B, T, HK, H, lengths = args.call  # the state walks run over the value heads
@@ -296,6 +297,11 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int) -> Non
                    f"; W and U from fwd_wu (the inverse from {c.inverse_min_group} value heads per key head)")
         print("  fwd_fused    " + (f"taken, BV={bv}, {stages_taken} stages{' (two programs per SM)' if two else ''}: "
                                    f"{launch.cdiv(V, bv) * walks} programs{how}" if bv else "not taken: fwd_h + fwd_o"))
+        if backward_walks:
+            # K == V here, so the backward's walks (values K and V wide) take the forward's tile
+            print("  backward     " + ("three fwd_fused walks (no gate: dq, dv and dk are the forward of (do, v, k), "
+                                       "(k, q, do) and (v, do, q), the last two reversed)" if bv else
+                                       "fwd_h, bwd_dh and bwd_dqkvg, as fwd_fused is not taken"))
 
 
 def _import_package(out_dir: Path, package: str):

@@ -19,7 +19,14 @@ from fla_gen.canonical import GateKind, Recurrence
 from fla_gen.host_code import render_scalar
 from fla_gen.ir import Apply, CheckedSpec, Heads, InputInfo, Node, Ref
 from fla_gen.lower import Lowered, Slot, SlotSource, inputs_read, lower, render_expr
-from fla_gen.plan import Algorithm, decode_work, gate_bound_for_chunk, plan_table, select_algorithms
+from fla_gen.plan import (
+    Algorithm,
+    backward_walks_forward,
+    decode_work,
+    gate_bound_for_chunk,
+    plan_table,
+    select_algorithms,
+)
 from fla_gen.reference import TorchExpr, derive_reference
 from fla_gen.resources import data_dir
 from fla_gen.runtime.plan_types import STATE_ROW_BLOCKS, Plan
@@ -413,6 +420,7 @@ def _op_module(lowered: Lowered, algo: Algorithm, common: dict, chunked: bool) -
         "kernels_source": _environment(str(TEMPLATES_DIR), trim=False).get_template(algo.template).render(
             op=op, token_gate=features.token_gate, head_gate=features.head_decay,
             features=dataclasses.replace(features, grouped=groups_heads),
+            transposed_backward=chunked and backward_walks_forward(algo, features),
             inline=inline,
         ).strip("\n"),
         "chunked": chunked,

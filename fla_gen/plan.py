@@ -161,11 +161,20 @@ class Algorithm:
     # a scan joins the segments, with each segment's transition (a diagonal decay, or the delta family's [K, K]
     # matrix from a walk of its own). None: sequences are walked whole.
     segment_rule: SegmentRule | None = None
+    # The template renders the backward of a recurrence whose gradients are forward walks
+    # (KernelFeatures.gradients_are_forward_walks) as three runs of its fwd_fused walk.
+    backward_walks_forward: bool = False
 
     @property
     def splits_sequences(self) -> bool:
         """Whether the launchers may split long sequences into segments (the plan has a segment_scan stage)."""
         return self.segment_rule is not None
+
+
+def backward_walks_forward(algo: Algorithm, features: KernelFeatures) -> bool:
+    """Whether ``algo``'s chunked backward of a recurrence with these features runs as three fwd_fused walks (where
+    the forward's walk would run: the launcher decides per call) instead of the chunk-state walks and bwd_dqkvg."""
+    return algo.backward_walks_forward and features.gradients_are_forward_walks
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
@@ -258,7 +267,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS, _SEGMENT_SCAN),
-                  chunked=True, segment_rule=DIAGONAL_SPLIT),
+                  chunked=True, segment_rule=DIAGONAL_SPLIT, backward_walks_forward=True),
         # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A_CHUNK, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,

@@ -1535,7 +1535,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     return o, final_state, saved
 
 
-def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def chunk_bwd(q, k, v, g, beta, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments,
+              packed_walks, plan):
     """Chunked backward: 5 kernels (fwd_wu and fwd_h recompute W, U, the chunk states and v_new from the
     forward's Ai; then bwd_dh, bwd_dqk, bwd_wy), plus fwd_solve when ``saved`` is empty.
 
@@ -1661,10 +1662,10 @@ def _op_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_s
 def _op_backward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_gated_delta_rule_rope_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_gated_delta_rule_rope", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_gated_delta_rule_rope", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, beta, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return backward_outputs(grads, (q, k, v, g, beta, initial_state))
 

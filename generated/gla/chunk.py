@@ -1040,7 +1040,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     return o, ht, saved
 
 
-def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments, plan):
+def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets, segments,
+              packed_walks, plan):
     """Chunked backward of chunk_fwd.
 
     Args:
@@ -1162,10 +1163,10 @@ def _op_forward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens
 def _op_backward(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return backward_outputs(grads, (q, k, v, g, initial_state))
 

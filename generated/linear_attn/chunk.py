@@ -186,11 +186,16 @@ def linear_attn_fwd_fused_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    REVERSE: tl.constexpr,
+    TRANSPOSED_STATE: tl.constexpr,
 ):
     # fwd_h and fwd_o in one kernel: one program per (V block, sequence * head) walks the chunks of its
     # sequence in order with the whole-K [BK, BV] state in fp32 registers and writes each chunk's output
     # from it. q, k and v are read once per V block and no chunk state goes through memory; the price is
     # a grid of only V / BV * N * H programs (the launcher takes fwd_h + fwd_o when that leaves SMs idle).
+    # The backward runs this walk three times with the tensors' roles exchanged (_bwd_transposed_walks):
+    # REVERSE walks the chunks last to first and row i takes the tokens j >= i; TRANSPOSED_STATE reads h0 as
+    # the [V, K] state stored in the forward's [K, V] layout.
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -208,13 +213,23 @@ def linear_attn_fwd_fused_kernel(
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    m_A = o_i[:, None] >= o_i[None, :]
+    if REVERSE:
+        m_A = o_i[:, None] <= o_i[None, :]
+    else:
+        m_A = o_i[:, None] >= o_i[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :],
-                       mask=m_k[:, None] & m_v[None, :], other=0.0)
-    for i_t in range(0, NT):
+        if TRANSPOSED_STATE:
+            p_h0 = h0 + i_nh.to(tl.int64) * K * V + o_v[None, :] * K + o_k[:, None]
+        else:
+            p_h0 = h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+        b_h += tl.load(p_h0, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    for i_w in range(0, NT):
+        if REVERSE:
+            i_t = NT - 1 - i_w
+        else:
+            i_t = i_w
         t0 = bos + i_t * BT
         m_t = i_t * BT + o_i < T_seq
         q_c = q + t0 * H * K + i_h * K
@@ -719,6 +734,8 @@ def chunk_fwd(
             STORE_FINAL_STATE=walk_final_state is not None,
             IS_VARLEN=walk_cu_seqlens is not None,
             DOT_PRECISION=launch.dot_precision(k.dtype),
+            REVERSE=False,
+            TRANSPOSED_STATE=False,
             num_warps=cfg.num_warps,
             num_stages=walk_stages,
         )
@@ -796,6 +813,116 @@ def _launch_bwd_dh(q, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walks, scale,
     )
 
 
+def _transposed_walk_tiles(K, V, walks, scale, dht, device, packed_walks, plan):
+    """fwd_fused's (V tile, stages) for the backward's walks of values K wide (dq, dk) and V wide (dv), or None
+    for the chunk-state backward: when fwd_fused would not be taken for them (launch.fused_walk_launch), when a
+    plan override pins the chunk-state backward's kernels but not fwd_fused (an experiment timing them), or when
+    dht / scale is not finite (scale == 0 with a final-state gradient). ``walks``: sequences (or segments) times
+    heads."""
+    if not plan.config("fwd_fused").pinned and any(plan.config(stage).pinned for stage in ("fwd_h", "bwd_dh", "bwd_dqkvg")):
+        return None
+    if dht is not None and scale == 0:
+        return None
+    tile_k = launch.fused_walk_launch(plan, K, walks, device, packed_walks)
+    tile_v = launch.fused_walk_launch(plan, V, walks, device, packed_walks)
+    return (tile_k, tile_v) if tile_k[0] and tile_v[0] else None
+
+
+def _transposed_walk(queries, keys, values, start, final, transposed_start, reverse, cu_seqlens, walk_order, walks,
+                     tile, scale, plan):
+    """One fwd_fused walk for the backward: out = scale * (queries @ (start + sum keys^T values)), the sum over the
+    tokens at or before each row (reverse=False) or at or after it (reverse=True), each sequence (or segment) of
+    ``cu_seqlens`` on its own.
+
+    Args:
+        queries, keys: [B, T, H, Kw]; values: [B, T, H, Vw]
+        start: [walks, H, Kw, Vw] float32 (transposed_start: [walks, H, Vw, Kw]), or None
+        final: [walks, H, Kw, Vw] float32 to store the state after the last step (the first chunk, reversed), or None
+        tile: (V tile, stages) from _transposed_walk_tiles
+
+    Returns:
+        out: [B, T, H, Vw] in values' dtype.
+    """
+    B, T, H, Kw = keys.shape
+    Vw = values.shape[-1]
+    BV, walk_stages = tile
+    out = torch.empty_like(values)
+    linear_attn_fwd_fused_kernel[(launch.cdiv(Vw, BV), walks * H)](
+        queries,
+        keys,
+        values,
+        out,
+        start,
+        final,
+        cu_seqlens,
+        walk_order,
+        scale,
+        T,
+        H=H,
+        K=Kw,
+        V=Vw,
+        BT=plan.chunk_size,
+        BK=launch.whole_dim_tile(Kw),
+        BV=BV,
+        USE_INITIAL_STATE=start is not None,
+        STORE_FINAL_STATE=final is not None,
+        IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=launch.dot_precision(keys.dtype),
+        REVERSE=reverse,
+        TRANSPOSED_STATE=transposed_start,
+        num_warps=plan.config("fwd_fused").num_warps,
+        num_stages=walk_stages,
+    )
+    return out
+
+
+def _bwd_transposed_walks(q, k, v, saved, scale, initial_state, do, dht, cu_seqlens, chunk_offsets, segments, tiles,
+                          plan):
+    """The backward without a gate as three fwd_fused walks: its gradients are linear attention again, with the
+    tensors' roles exchanged (S_t = h0 + sum_{s<=t} k_s v_s^T, o_t = scale * S_t^T q_t, D = dht / scale):
+        dq_t = scale * (h0^T + sum_{s<=t} v_s k_s^T)^T do_t        the walk of (do, v, k) from h0^T
+        dv_s = scale * (D + sum_{t>=s} q_t do_t^T)^T k_s           the reversed walk of (k, q, do) from D
+        dk_s = scale * (D^T + sum_{t>=s} do_t q_t^T)^T v_s         the reversed walk of (v, do, q) from D^T
+        dh0 = dht + scale * sum_t q_t do_t^T = scale * (what the dv walk leaves)
+    Each walk reads its three inputs once and writes one gradient, and no chunk state goes through memory: the
+    chunk-state backward (fwd_h, bwd_dh, bwd_dqkvg) writes and reads back h and dh, [NT, K, V] per head each.
+    With segments the dq walk starts each segment from the state the forward kept, and the dv and dk walks from the
+    reverse scan of sum q_t do_t^T over each segment (one walk from zero serves both: no gate, so the sum is the
+    same in either order, and dk's is its transpose).
+
+    Args: as chunk_bwd; tiles: _transposed_walk_tiles's. Returns: as chunk_bwd.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    tile_k, tile_v = tiles
+    # the dv walk's state is summed unscaled and its output scaled, so the final-state gradient enters divided
+    D = dht / scale if dht is not None else None
+    if segments is None:
+        walk_cu_seqlens, walks = cu_seqlens, N
+        walk_order = launch.walk_order(chunk_offsets, N)
+        dq_start, dv_start = initial_state, D
+        dh0 = q.new_empty(N, H, K, V, dtype=torch.float32) if initial_state is not None else None
+        dv_final = dh0
+    else:
+        walk_cu_seqlens, walks = segments.cu_seqlens, segments.count
+        walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
+        resumed = launch.resumed_segment_states(saved)
+        dq_start = (resumed[0] if resumed is not None else
+                    _segment_entry_states(k, v, initial_state, False, segments, N, plan)[0])
+        seg_qdo = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
+        _launch_fwd_h(q, do, None, None, seg_qdo, segments.cu_seqlens, segments.chunk_offsets, segments.count, plan)
+        dv_start, dh0 = _segment_scan(seg_qdo, D, initial_state is not None, segments, N, True, plan)
+        dv_final = None
+    common = (walk_cu_seqlens, walk_order, walks)
+    dq = _transposed_walk(do, v, k, dq_start, None, True, False, *common, tile_k, scale, plan)
+    dv = _transposed_walk(k, q, do, dv_start, dv_final, False, True, *common, tile_v, scale, plan)
+    dk = _transposed_walk(v, do, q, dv_start, None, True, True, *common, tile_k, scale, plan)
+    if dh0 is not None:
+        dh0.mul_(scale)
+    return dq, dk, dv, dh0
+
+
 def chunk_bwd(
     q,
     k,
@@ -809,6 +936,7 @@ def chunk_bwd(
     chunk_indices,
     chunk_offsets,
     segments,
+    packed_walks,
     plan,
 ):
     """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv).
@@ -816,6 +944,8 @@ def chunk_bwd(
     Args: as chunk_fwd, plus saved (chunk_fwd's: its segments' states, or ()), do: [B, T, H, V] and dht: [N, H, K, V]
         float32 or None (gradient of the final state). Plan stages: fwd_h, bwd_dh, bwd_dqkvg
         and, with segments, segment_scan (both walks then run per segment, after a walk from zero and a scan).
+        Where fwd_fused would be taken (_transposed_walk_tiles), three fwd_fused walks instead
+        (_bwd_transposed_walks).
 
     Returns:
         dq, dk: [B, T, H, K]; dv: [B, T, H, V] (q's dtype)
@@ -826,6 +956,11 @@ def chunk_bwd(
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
+    tiles = _transposed_walk_tiles(K, V, (N if segments is None else segments.count) * H, scale, dht, q.device,
+                                   packed_walks, plan)
+    if tiles is not None:
+        return _bwd_transposed_walks(q, k, v, saved, scale, initial_state, do, dht, cu_seqlens, chunk_offsets,
+                                     segments, tiles, plan)
     h, _, seg_states = _chunk_fwd_h(
         k,
         v,
@@ -910,10 +1045,10 @@ def _op_forward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, c
 def _op_backward(q, k, v, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_linear_attn_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_linear_attn", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return backward_outputs(grads, (q, k, v, initial_state))
 

@@ -1033,6 +1033,7 @@ def chunk_bwd(
     chunk_indices,
     chunk_offsets,
     segments,
+    packed_walks,
     plan,
 ):
     """Chunked backward: 3 kernels (recomputed states, state gradients, then dq/dk/dv/dg).
@@ -1148,10 +1149,10 @@ def _op_forward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, c
 def _op_backward(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, gate_lower_bound, do, dht, saved):
     """Body of fla_gen::chunk_simple_gla_backward: the gradients of the tensors, then of initial_state."""
     plan = select_plan(CHUNK_PLANS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]))
-    chunk_indices, chunk_offsets, segments, _ = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
+    chunk_indices, chunk_offsets, segments, packed_walks = chunk_and_segment_tables("chunk_simple_gla", cu_seqlens, cu_seqlens_cpu, plan.chunk_size, q, v, SEGMENT_RULE)
     grads = chunk_bwd(
         q, k, v, g, g_gamma, tuple(saved), scale, initial_state, do, dht,
-        cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+        cu_seqlens, chunk_indices, chunk_offsets, segments, packed_walks, plan,
     )
     return backward_outputs(grads, (q, k, v, g, g_gamma, initial_state))
 

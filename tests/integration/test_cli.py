@@ -58,7 +58,10 @@ def test_plan_rejects_unknown_arch():
     ("gla", "1x65536x16", ["split into segments of 64 chunks", "16 segments of 4096 tokens", "not taken"]),
     # 64 walks make 256 programs: no split
     ("linear_attn", "4x4096x16", ["not split: 64 (sequence, head) walks",
-                                  "fwd_fused    taken, BV=64, 3 stages: 128 programs"]),
+                                  "fwd_fused    taken, BV=64, 3 stages: 128 programs",
+                                  "backward     three fwd_fused walks (no gate"]),
+    # 2 walks of 2 chunks: too short to split, too few programs for the fused walk, forward or backward
+    ("linear_attn", "1x128x2", ["not taken: fwd_h + fwd_o", "backward     fwd_h, bwd_dh and bwd_dqkvg"]),
     # the delta family's rule: at most one (segment, head) walk per SM, 8 segments of 32 chunks; the fused forward
     # walk then has programs enough
     ("gated_delta_rule", "1x16384x16", ["split into segments of 32 chunks", "8 segments of 2048 tokens",
@@ -96,6 +99,13 @@ def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
     assert "on 132 SMs" in out
     for text in expected:
         assert text in out, (text, out[-1500:])
+
+
+def test_plan_call_gated_backward_is_not_three_walks(capsys):
+    """A gate keeps the chunk-state backward (fla_gen.plan.backward_walks_forward): no backward line."""
+    assert main(["plan", str(REPO_ROOT / "specs" / "simple_gla.fla"), "--arch", "sm90", "--call", "4x4096x16"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd_fused    taken" in out and "backward " not in out
 
 
 @pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"], ["--call", "1x64x16x24"],
