@@ -227,7 +227,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     arch = ARCHS[args.arch]
     print(f"op {rec.spec.op}")
     element_bytes = 4 if args.dtype == "fp32" else 2
-    for line in explain(lower(rec), args.head_dim, args.head_dim, element_bytes):
+    lowered = lower(rec)
+    for line in explain(lowered, args.head_dim, args.head_dim, element_bytes):
         print(line)
     print(f"target {arch.name}: {arch.reason}")
     for label, p in zip(labels, plans, strict=True):
@@ -238,7 +239,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   f"  # {c.reason}")
     if args.call:
         _print_call_decisions(args, algos[0], plans[0], arch.sm_count if args.sms is None else args.sms,
-                              backward_walks_forward(algos[0], lower(rec).features))
+                              backward_walks_forward(algos[0], lowered.features))
     return EXIT_OK
 
 

@@ -268,14 +268,15 @@ def fused_walk_choice(cfg: LaunchConfig, V: int, walks: int, sms: int,
     return (BV, cfg.num_stages) if BV else (0, 0)
 
 
-def fused_walk_launch(plan: Plan, V: int, walks: int, device: torch.device,
-                      packed: PackedWalks | None) -> tuple[int, int]:
-    """fwd_fused's (V tile, stages) for this call, or (0, 0) for fwd_h + fwd_o: fused_walk_choice on the plan's
-    fwd_fused config and the device's SM count. A plan override that pins fwd_h or fwd_o but not fwd_fused runs
-    the split forward: an experiment that changes those kernels (sweep_plans.py) must time them, not the walk.
-    ``walks``: sequences (or segments) times heads; ``packed``: the call's PackedWalks (None: a dense call)."""
+def fused_walk_launch(plan: Plan, V: int, walks: int, device: torch.device, packed: PackedWalks | None,
+                      replaces: tuple[str, ...] = SPLIT_FORWARD_STAGES) -> tuple[int, int]:
+    """fwd_fused's (V tile, stages) for this call, or (0, 0) for the kernels it ``replaces`` (default fwd_h +
+    fwd_o): fused_walk_choice on the plan's fwd_fused config and the device's SM count. A plan override that pins
+    one of those kernels but not fwd_fused runs them: an experiment that changes them (sweep_plans.py) must time
+    them, not the walk. ``walks``: sequences (or segments) times heads; ``packed``: the call's PackedWalks (None:
+    a dense call)."""
     cfg = plan.config("fwd_fused")
-    if not cfg.pinned and any(plan.config(stage).pinned for stage in SPLIT_FORWARD_STAGES):
+    if not cfg.pinned and any(plan.config(stage).pinned for stage in replaces):
         return 0, 0
     return fused_walk_choice(cfg, V, walks, split_sm_count(cfg, device), packed)
 

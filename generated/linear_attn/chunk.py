@@ -819,12 +819,11 @@ def _transposed_walk_tiles(K, V, walks, scale, dht, device, packed_walks, plan):
     plan override pins the chunk-state backward's kernels but not fwd_fused (an experiment timing them), or when
     dht / scale is not finite (scale == 0 with a final-state gradient). ``walks``: sequences (or segments) times
     heads."""
-    if not plan.config("fwd_fused").pinned and any(plan.config(stage).pinned for stage in ("fwd_h", "bwd_dh", "bwd_dqkvg")):
-        return None
     if dht is not None and scale == 0:
         return None
-    tile_k = launch.fused_walk_launch(plan, K, walks, device, packed_walks)
-    tile_v = launch.fused_walk_launch(plan, V, walks, device, packed_walks)
+    replaces = ("fwd_h", "bwd_dh", "bwd_dqkvg")
+    tile_k = launch.fused_walk_launch(plan, K, walks, device, packed_walks, replaces)
+    tile_v = tile_k if V == K else launch.fused_walk_launch(plan, V, walks, device, packed_walks, replaces)
     return (tile_k, tile_v) if tile_k[0] and tile_v[0] else None
 
 
