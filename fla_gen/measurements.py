@@ -111,11 +111,8 @@ SOURCES: dict[str, Source] = {
                              "tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B on sm90 "
                              "(ptxas); 8 fit in 241 registers. Not at head dim 64, where 8 warps lay the loop's dot "
                              "out apart (an MMA->MMA conversion on sm90)"),
-    "aot-wide-grads": Source("fla-gen aot: 8 warps for bwd_dqkvg at head dims 128 and 256: at 4 it spills ~156 B on "
-                             "sm90 (ptxas); 8 fit in 193 registers. Not at head dim 64: there 8 warps lay its dots out "
-                             "apart (3 MMA->MMA conversions on sm90)", _H100),
-    "wide-grads-sm100": Source("rule: 8 warps for bwd_dqkvg at head dims 128 and 256 on sm100 (the wgmma register "
-                               "budget per thread as on sm90; not measured on sm100)", ("sm100",)),
+    "grads-four-warps-sm100": Source("rule: bwd_dqkvg on 4 warps at head dims 128 and 256 on sm100, as measured on "
+                                     "sm90 (h200-grads-four-warps; not measured on sm100)", ("sm100",)),
     "aot-channel-stages": Source("fla-gen aot, bf16, 64x64 tiles: the per-channel bwd_dv stages whole-chunk [BT, BT] "
                                  "products and sub-chunk operands: 3 stages need 160-209 KB, 2 stages 88-128 KB, "
                                  "1 stage ~24-40 KB (more than the tile model predicts): 2 stages where 3 do not fit "
@@ -149,6 +146,19 @@ SOURCES: dict[str, Source] = {
         "aot, and so fewer programs per "
         "SM), 4 warps, sweep_plans.py --stages fwd_A: 0.467 -> 0.326 ms at 4x4096x16x128, 0.380 -> 0.341 at "
         "2x8192x8x256, 0.219 -> 0.216 at 8x2048x32x64", _H100),
+    "h200-grads-four-warps": Source(
+        "the scalar-gate family's bwd_dqkvg on 4 warps against 8 (the rule's 8 had come from fla-gen aot, where 4 "
+        "spilled ~156 B on sm90; today 4 warps take 255 registers without a spill at head dim 128, and spill 100 B at "
+        "256), H200, bf16, GPU kernel time by torch.profiler. sweep_plans.py --stages bwd_dqkvg: simple_gla's kernel "
+        "0.619-0.621 -> 0.418 ms at 4x4096x16x128, 2.446 -> 1.659 at 8x8192x16x128, 0.890 -> 0.671 at 2x8192x8x256 "
+        "(there BK 128 on 4 warps 0.618); at head dim 128, 2 stages 0.478 and 32-wide V tiles 0.503. In the op "
+        "(compare_builds.py, 2 alternating rounds against the 8-warp build, forward+backward): simple_gla 0.953 -> "
+        "0.746 ms at 4x4096x16x128, 1.055 -> 0.856 at 1x16384x16x128, 1.485 -> 1.266 at 2x8192x8x256, 3.989 -> 3.194 "
+        "at 1x65536x16x128; the packed batch (run.py's varlen preset, two processes each) 8.488-8.493 -> 6.557-6.567; "
+        "linear_attn with the kernel pinned (it walks its backward where the fused walk runs) 0.582 -> 0.551 at "
+        "4x4096x16x128 and 0.932 -> 0.914 at 2x8192x8x256. 32-wide K tiles on 4 warps were miscompiled under "
+        "Triton 3.6 (wrong gradients for simple_gla, an illegal address for linear_attn): never planned on sm90",
+        _H100),
     "h200-fwd-a-chunk": Source(
         "the per-channel delta rule's (KDA's) fwd_A as one program per chunk through one reference token against the "
         "16-token sub-chunks' kernel (the plan's, whole K on 2 warps: 0.277 ms), 4x4096x16x128, H200, bf16, "

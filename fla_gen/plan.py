@@ -182,12 +182,12 @@ _CHUNK_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), ((
 # fwd_h + fwd_o in one walk: q, k^T and v tiles per chunk, the state staged once per step as a dot operand.
 _CHUNK_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BK", "BT"), ("BT", "BV")), (("BK", "BV"),), whole_k=True)
 _CHUNK_DSTATE = KernelShape("bwd_dh", (("BT", "BK"), ("BT", "BV")))
-# Not at head dim 64: there one K tile covers the head and 8 warps lay bwd_dqkvg's dots out apart (3 MMA->MMA
-# conversions on sm90, fla-gen aot); 4 warps do not.
+# 4 warps at every head dim: at 64, 8 lay bwd_dqkvg's dots out apart (3 MMA->MMA conversions on sm90, fla-gen aot);
+# at 128 and 256, 8 fit its registers where 4 spill, but 4 measured faster on the H200.
 _CHUNK_GRADS = KernelShape("bwd_dqkvg", (("BT", "BK"), ("BT", "BK"), ("BT", "BV"), ("BT", "BV"), ("BK", "BV"),
                                          ("BK", "BV")), (("BT", "BT"),),
-                           warps=(ArchRule("sm90", 8, "aot-wide-grads", (128, 256)),
-                                  ArchRule("sm100", 8, "wide-grads-sm100", (128, 256))))
+                           warps=(ArchRule("sm90", 4, "h200-grads-four-warps", (128, 256)),
+                                  ArchRule("sm100", 4, "grads-four-warps-sm100", (128, 256))))
 _CUMSUM = KernelShape("cumsum", (), pipelined=False, gate_only=True)
 # The scan over sequence segments: one [BK, BV] fp32 state tile loaded and stored per segment, in order.
 _SEGMENT_SCAN = KernelShape("segment_scan", (), pipelined=False, small_grid_split=SEGMENT_SPLIT)

@@ -111,7 +111,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 32, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
@@ -128,7 +128,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 64, 4, 3, min_sm_share=0.5, two_per_sm=(64, 2, 3.0),
                                    source="fused-walk,h100-fused-walk-scalar,h200-walk-two-per-sm")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
@@ -136,7 +136,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 32, 4, 3, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 4, source="h100-walk-4-stages")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
@@ -152,7 +152,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 64, 4, 2, min_sm_share=0.5, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
@@ -160,7 +160,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-no-fit")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
@@ -176,7 +176,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
@@ -184,7 +184,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
@@ -200,7 +200,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
@@ -208,7 +208,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
 }

@@ -124,7 +124,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 64, kernels=(
@@ -143,7 +143,7 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 32, 4, 3, min_sm_share=1.9, two_per_sm=(64, 2, 1.9), two_per_sm_packed=True,
                                    source="fused-walk,h100-fused-walk-scalar,h200-walk-two-per-sm,h200-walk-packed")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
@@ -152,7 +152,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 4, source="h100-walk-4-stages")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 64, kernels=(
@@ -170,7 +170,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 32, 4, 2, min_sm_share=1.9, source="fused-walk,h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "fp32", 256): Plan("sm90", "fp32", 256, 64, kernels=(
@@ -179,7 +179,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-scalar")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,aot-wide-grads")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,h200-grads-four-warps")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm100", "bf16", 64): Plan("sm100", "bf16", 64, 64, kernels=(
@@ -197,7 +197,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "bf16", 256): Plan("sm100", "bf16", 256, 64, kernels=(
@@ -206,7 +206,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 3, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 3, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 64): Plan("sm100", "fp32", 64, 64, kernels=(
@@ -224,7 +224,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
     ("sm100", "fp32", 256): Plan("sm100", "fp32", 256, 64, kernels=(
@@ -233,7 +233,7 @@ CHUNK_PLANS = {
         ("fwd_o", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("fwd_fused", LaunchConfig(256, 16, 4, 1, min_sm_share=None, source="fused-walk-unmeasured")),
         ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dqkvg", LaunchConfig(64, 64, 8, 1, source="tiles,wide-grads-sm100")),
+        ("bwd_dqkvg", LaunchConfig(64, 64, 4, 1, source="tiles,grads-four-warps-sm100")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence")),
     )),
 }
