@@ -246,6 +246,14 @@ SOURCES: dict[str, Source] = {
         "grid's dots alone spill nothing), 4x4096x16x128, kernel time: fwd_intra 0.619 ms at BK 32 / 2 warps, 0.699 "
         "at 16 / 2, 0.803 at 32 / 4, 1.051 at 64 / 4; bwd_dqk 1.803 at BK 32 x BV 32 / 4, 2.941 at 16 x 32 / 4, 3.475"
         " at 32 x 32 / 8", _H100),
+    "h200-dplr-dqk-stages": Source(
+        "the DPLR chunk op's bwd_dqk (both launches; its K and V blocks and warps as h100-dplr-pair-kernels) at 3 "
+        "pipeline stages against 1, RWKV-7 gates, sweep_plans.py "
+        "--stages bwd_dqk,fwd_intra, H200, bf16, kernel time by torch.profiler, gradients bit-identical: 1.840 -> "
+        "1.020 ms at 4x4096x16x128 (1.305 at 2 stages), 1.384 -> 1.071 at 8x2048x32x64, 1.822 -> 0.996 at "
+        "2x8192x8x256 (BV 16); forward+backward 4.743 -> 3.927, 4.211 -> 3.895 and 8.078 -> 7.253 ms. fwd_intra "
+        "at 2 or 3 stages was slower (0.615 -> 0.710-0.735 ms at 4x4096x16x128): it keeps 1",
+        _H100),
     "h200-dplr-walk-stages": Source(
         "the DPLR chunk op with RWKV-7 gates, H200, bf16, kernel time: sweep_plans.py --stages bwd_dA,fwd_h,bwd_dh at"
         " 4x4096x16x128 (one process, each variant against the plan): fwd_h 0.543 ms at 2 stages, 0.409 at 3; bwd_dh "

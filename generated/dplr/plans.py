@@ -133,7 +133,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k")),
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
-        ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
+        ("bwd_dqk", LaunchConfig(32, 32, 4, 3, source="h200-dplr-dqk-stages")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 128): Plan("sm90", "bf16", 128, 16, kernels=(
@@ -142,7 +142,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(128, 32, 4, 3, source="h200-dplr-walk-stages")),
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(128, 32, 4, 3, source="h200-dplr-walk-stages")),
-        ("bwd_dqk", LaunchConfig(32, 32, 4, 1, source="h100-dplr-pair-kernels")),
+        ("bwd_dqk", LaunchConfig(32, 32, 4, 3, source="h200-dplr-dqk-stages")),
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 16, kernels=(
@@ -151,7 +151,7 @@ CHUNK_PLANS = {
         ("bwd_dh", LaunchConfig(256, 16, 4, 2, source="whole-k")),
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
         ("bwd_dA", LaunchConfig(256, 16, 4, 2, source="h100-dplr-bwd-da-256")),
-        ("bwd_dqk", LaunchConfig(32, 16, 4, 1, source="h100-dplr-pair-kernels")),
+        ("bwd_dqk", LaunchConfig(32, 16, 4, 3, source="h200-dplr-dqk-stages")),
         ("segment_scan", LaunchConfig(64, 64, 8, 1, source="scan-loop,aot-scan-warps,split-delta,h200-split-dplr")),
     )),
     ("sm90", "fp32", 64): Plan("sm90", "fp32", 64, 16, kernels=(
