@@ -110,7 +110,9 @@ SOURCES: dict[str, Source] = {
     "aot-scan-warps": Source("fla-gen aot: 8 warps for the delta family's segment_scan at head dim 128, whose "
                              "tf32x3 dot takes the whole [K, K] fp32 transition: at 4 it spills 428 B on sm90 "
                              "(ptxas); 8 fit in 241 registers. Not at head dim 64, where 8 warps lay the loop's dot "
-                             "out apart (an MMA->MMA conversion on sm90)"),
+                             "out apart (an MMA->MMA conversion on sm90). Timed since (H200, bf16, sweep_plans.py, "
+                             "kernel time at 1x16384x16x128): 0.029 ms on 8 warps against 0.101-0.102 on 4, the delta "
+                             "rule's and KDA's scans alike"),
     "grads-four-warps-sm100": Source("rule: bwd_dqkvg on 4 warps at head dims 128 and 256 on sm100, as measured on "
                                      "sm90 (h200-grads-four-warps; not measured on sm100)", ("sm100",)),
     "aot-channel-stages": Source("fla-gen aot, bf16, 64x64 tiles: the per-channel bwd_dv stages whole-chunk [BT, BT] "
@@ -231,11 +233,6 @@ SOURCES: dict[str, Source] = {
     "h100-delta-channel-fwd-o-wide-v": Source(
         "the per-channel gated delta rule's fwd_o at head dim 128 with 128-wide V tiles against 64 (sweep_plans.py, "
         "4x4096x16x128, --quick): kernel 0.221 -> 0.187 ms, forward 1.661 -> 1.638 ms", _H100),
-    "h100-delta-channel-bwd-dh-64": Source(
-        "the per-channel gated delta rule's bwd_dh at head dim 128 with a [128, 64] state-gradient tile, 3 stages, "
-        "reading the pre-gated kd and qg of fwd_wu (sweep_plans.py, 4x4096x16x128, --quick): kernel 0.213 ms against "
-        "0.240 at 2 stages, 0.313 with [128, 32] and 0.252 on 8 warps; 4 stages do not fit in shared memory "
-        "(288 KB)", _H100),
     "h100-dplr-pair-kernels": Source(
         "the DPLR chunk op with RWKV-7 gates (every K block takes the factored dots), sweep_plans.py --stages "
         "fwd_intra,bwd_dqk: fwd_intra on 2 warps with 32-wide K blocks (then one kernel with both paths, spilling "
@@ -246,6 +243,25 @@ SOURCES: dict[str, Source] = {
         "grid's dots alone spill nothing), 4x4096x16x128, kernel time: fwd_intra 0.619 ms at BK 32 / 2 warps, 0.699 "
         "at 16 / 2, 0.803 at 32 / 4, 1.051 at 64 / 4; bwd_dqk 1.803 at BK 32 x BV 32 / 4, 2.941 at 16 x 32 / 4, 3.475"
         " at 32 x 32 / 8", _H100),
+    "h200-gla-dqkg-tiles": Source(
+        "the per-channel gated op's backward at head dim 128: bwd_dqkg on 64-wide K tiles against the rule's 32 "
+        "(aot-dqkg-bk32, from register counts: 64 spills 8-20 B) and bwd_dqk_intra_chunk on 2 warps against 4, "
+        "H200, bf16, GPU kernel time by torch.profiler. sweep_plans.py --stages bwd_dqkg,bwd_dqk_intra_chunk at "
+        "4x4096x16x128: bwd_dqkg 0.457 -> 0.422 ms (64-wide on 8 warps 0.631, 32-wide at 2 stages 0.470), "
+        "bwd_dqk_intra_chunk 0.254 -> 0.239 (64-wide K tiles 0.267); gradients within 2.6e-5 of the plan's. In the "
+        "op (compare_builds.py --variants, 2 alternating rounds in one process), forward+backward kernel time with "
+        "both: 1.573 -> 1.527 ms at 4x4096x16x128 (1.030x), 1.872 -> 1.822 at 1x16384x16x128 (1.027x); each alone "
+        "1.023x and 1.011x at 4x4096",
+        _H100),
+    "h200-delta-channel-bwd-dh-stages": Source(
+        "the per-channel gated delta rule's bwd_dh at head dim 128, reading the pre-gated kd and qg of fwd_wu. The "
+        "tile, on the H100 (sweep_plans.py, 4x4096x16x128, --quick): [128, 64] on 4 warps, 0.213 ms against 0.313 "
+        "with [128, 32] and 0.252 on 8 warps; 4 stages do not fit in shared memory (288 KB). The stages, on the "
+        "H200 (bf16, GPU kernel time by torch.profiler): 2 against 3, sweep_plans.py at 4x4096x16x128 0.251 -> "
+        "0.207 ms, gradients identical; in the op (compare_builds.py --variants, 2 alternating rounds in one "
+        "process), forward+backward kernel time 2.801 -> 2.752 ms at 4x4096x16x128 (1.018x), 3.205 -> 3.203 at "
+        "1x16384x16x128 (1.000x). The H100 had measured the other order (3 stages 0.213 against 0.240 at 2)",
+        _H100),
     "h200-dplr-dqk-stages": Source(
         "the DPLR chunk op's bwd_dqk (both launches; its K and V blocks and warps as h100-dplr-pair-kernels) at 3 "
         "pipeline stages against 1, RWKV-7 gates, sweep_plans.py "

@@ -30,6 +30,8 @@ Key = tuple[str, str, str, int]
 TUNED: dict[str, dict[Key, Tuned]] = {
     "sm90": {
         ("chunk_channel_gate", "bwd_dv", "bf16", 128): Tuned(64, 128, 4, 2, "h100-gla-wide-v"),
+        ("chunk_channel_gate", "bwd_dqkg", "bf16", 128): Tuned(64, 64, 4, 3, "h200-gla-dqkg-tiles"),
+        ("chunk_channel_gate", "bwd_dqk_intra_chunk", "bf16", 128): Tuned(32, 64, 2, 1, "h200-gla-dqkg-tiles"),
         ("chunk_channel_gate", "fwd_A", "bf16", 64): Tuned(64, 64, 1, 1, "h200-gla-fwd-a-tiles"),
         ("chunk_channel_gate", "fwd_A", "bf16", 128): Tuned(128, 64, 2, 1, "h200-gla-fwd-a-tiles"),
         ("chunk_channel_gate", "fwd_A", "bf16", 256): Tuned(64, 64, 1, 1, "h200-gla-fwd-a-tiles"),
@@ -54,7 +56,7 @@ TUNED: dict[str, dict[Key, Tuned]] = {
         ("chunk_delta_channel", "fwd_solve", "bf16", 128): Tuned(64, 64, 2, 1, "h200-delta-channel-solve"),
         ("chunk_delta_channel", "fwd_wu", "bf16", 128): Tuned(32, 64, 4, 3, "h200-delta-channel-wu-bk32"),
         ("chunk_delta_channel", "fwd_h", "bf16", 128): Tuned(128, 64, 4, 3, "h200-delta-channel-wu-bk32"),
-        ("chunk_delta_channel", "bwd_dh", "bf16", 128): Tuned(128, 64, 4, 3, "h100-delta-channel-bwd-dh-64"),
+        ("chunk_delta_channel", "bwd_dh", "bf16", 128): Tuned(128, 64, 4, 2, "h200-delta-channel-bwd-dh-stages"),
         ("chunk_dplr", "fwd_intra", "bf16", 64): Tuned(32, 16, 2, 1, "h100-dplr-pair-kernels"),
         ("chunk_dplr", "fwd_intra", "bf16", 128): Tuned(32, 16, 2, 1, "h100-dplr-pair-kernels"),
         ("chunk_dplr", "fwd_intra", "bf16", 256): Tuned(32, 16, 2, 1, "h100-dplr-pair-kernels"),

@@ -243,9 +243,9 @@ CHUNK_PLANS = {
         ("fwd_fused", LaunchConfig(128, 16, 4, 1, min_sm_share=None, source="h100-fused-walk-gla")),
         ("bwd_dh", LaunchConfig(64, 64, 8, 4, source="h100-walk-4-stages")),
         ("bwd_dv", LaunchConfig(64, 128, 4, 2, source="h100-gla-wide-v")),
-        ("bwd_dqk_intra_chunk", LaunchConfig(32, 64, 4, 1, source="aot-dqk-intra-chunk-bk32")),
+        ("bwd_dqk_intra_chunk", LaunchConfig(32, 64, 2, 1, source="h200-gla-dqkg-tiles")),
         ("bwd_dqk_intra", LaunchConfig(64, 64, 4, 1, source="sub-chunk-loop,sub-chunk")),
-        ("bwd_dqkg", LaunchConfig(32, 64, 4, 3, source="tiles,aot-dqkg-bk32")),
+        ("bwd_dqkg", LaunchConfig(64, 64, 4, 3, source="h200-gla-dqkg-tiles")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="elementwise,split-sequence,h100-split-sequence")),
     )),
     ("sm90", "bf16", 256): Plan("sm90", "bf16", 256, 64, kernels=(
