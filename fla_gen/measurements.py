@@ -262,6 +262,15 @@ SOURCES: dict[str, Source] = {
         "process), forward+backward kernel time 2.801 -> 2.752 ms at 4x4096x16x128 (1.018x), 3.205 -> 3.203 at "
         "1x16384x16x128 (1.000x). The H100 had measured the other order (3 stages 0.213 against 0.240 at 2)",
         _H100),
+    "h200-dplr-walk-stages-64": Source(
+        "the DPLR chunk op at head dim 64 with RWKV-7 gates, as h200-dplr-walk-stages at 128: the state walks fwd_h "
+        "and bwd_dh ([64, 64] tiles, 4 warps) at 3 stages against 2 and bwd_dA on 4 warps at 3 stages against the "
+        "rule's 8 at 2 (aot-dplr-da-warps), H200, bf16, GPU kernel time by torch.profiler. sweep_plans.py at "
+        "8x2048x32x64: fwd_h 0.262 -> 0.189 ms, bwd_dh 0.268 -> 0.217, bwd_dA 1.2 -> 0.6 (0.6 on 4 warps at 2 "
+        "stages too). In the op (compare_builds.py --variants, 2 alternating rounds in one process): forward 0.960 -> "
+        "0.887 ms of kernels (1.083x), forward+backward 3.887 -> 3.121 (1.245x; the walks alone 1.045x, bwd_dA alone "
+        "1.180x); outputs identical to the plan's, bf16 gradients within 2.5-3.7e-3 of float64 (gpu_check.py)",
+        _H100),
     "h200-dplr-dqk-stages": Source(
         "the DPLR chunk op's bwd_dqk (both launches; its K and V blocks and warps as h100-dplr-pair-kernels) at 3 "
         "pipeline stages against 1, RWKV-7 gates, sweep_plans.py "

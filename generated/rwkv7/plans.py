@@ -129,10 +129,10 @@ CHUNK_PLANS = {
     )),
     ("sm90", "bf16", 64): Plan("sm90", "bf16", 64, 16, kernels=(
         ("fwd_intra", LaunchConfig(32, 16, 2, 1, source="h100-dplr-pair-kernels")),
-        ("fwd_h", LaunchConfig(64, 64, 4, 2, source="whole-k")),
-        ("bwd_dh", LaunchConfig(64, 64, 4, 2, source="whole-k")),
+        ("fwd_h", LaunchConfig(64, 64, 4, 3, source="h200-dplr-walk-stages-64")),
+        ("bwd_dh", LaunchConfig(64, 64, 4, 3, source="h200-dplr-walk-stages-64")),
         ("bwd_dv", LaunchConfig(64, 64, 4, 3, source="tiles")),
-        ("bwd_dA", LaunchConfig(64, 64, 8, 2, source="whole-k,aot-dplr-da-warps")),
+        ("bwd_dA", LaunchConfig(64, 64, 4, 3, source="h200-dplr-walk-stages-64")),
         ("bwd_dqk", LaunchConfig(32, 32, 4, 3, source="h200-dplr-dqk-stages")),
         ("segment_scan", LaunchConfig(64, 64, 4, 1, source="scan-loop,split-delta,h200-split-dplr")),
     )),
