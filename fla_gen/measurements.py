@@ -253,6 +253,18 @@ SOURCES: dict[str, Source] = {
         "both: 1.573 -> 1.527 ms at 4x4096x16x128 (1.030x), 1.872 -> 1.822 at 1x16384x16x128 (1.027x); each alone "
         "1.023x and 1.011x at 4x4096",
         _H100),
+    "h200-gla-pre-gated": Source(
+        "the per-channel gated op's forward reading fwd_A_chunk's qg = scale q exp(G) and kd = k exp(G_L - G) (bf16) "
+        "and gl = G_L, with G taken in registers there (no cumsum kernel in the forward). Its launch configs around "
+        "the plan's, H200, bf16, GPU kernel time by torch.profiler, compare_builds.py --variants (2 alternating "
+        "rounds in one process), forward without autograd: fwd_A_chunk on the whole K at head dim 64, 0.325 -> "
+        "0.296 ms at 8x2048x32x64 (1.100x; forward+backward 1.023x; at 2 stages 1.095x, 8 warps 0.893x), not at "
+        "256 (64-wide at 2x8192x8x256 1.008x, whole K 0.942x) nor 128 (64-wide 0.986x, 2 stages 0.970x at "
+        "4x4096x16x128); fwd_h at 3 stages on 8 warps, 0.464 -> 0.442 ms at 1x16384x16x128 (1.049x; "
+        "forward+backward 1.022x) and 1.004x at 4x4096x16x128 (4 warps 0.999x and 0.996x; 4 warps at 3 stages "
+        "1.056x and 0.998x); fwd_o on a 128-wide K tile, 1.021x at 4x4096x16x128 and 1.013x at 1x16384x16x128 "
+        "(2 stages 1.003x and 1.000x)",
+        _H100),
     "h200-delta-channel-bwd-dh-stages": Source(
         "the per-channel gated delta rule's bwd_dh at head dim 128, reading the pre-gated kd and qg of fwd_wu. The "
         "tile, on the H100 (sweep_plans.py, 4x4096x16x128, --quick): [128, 64] on 4 warps, 0.213 ms against 0.313 "

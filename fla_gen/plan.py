@@ -237,15 +237,15 @@ _CHANNEL_DQK_INTRA_CHUNK = KernelShape("bwd_dqk_intra_chunk", (("BT", "BK"), ("B
 # The delta rule's bwd_dqk_intra loads M's gradient block [BC, BC] beside A_qk's and the rows of k [BC, BK] beside
 # q's (one launch takes both products' gradients from the same column tiles).
 _CHANNEL_DELTA_DQK_INTRA = replace(_CHANNEL_DQK_INTRA, tiles=(("BC", "BC"), ("BC", "BK"), *_CHANNEL_DQK_INTRA.tiles))
-# fwd_o: o = (q exp(G)) h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per
-# V tile (V tiles on the grid). One 128-wide V tile on wgmma targets (A, q and exp(G) read and computed
-# once; 181 registers on sm90); with mma.sync (sm80/89) it takes 254 registers, 64-wide 165-168 (fla-gen aot).
-_CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV")),
+# fwd_o: o = qg h + A v, K unrolled (no loop to pipeline); A [BT, BT] and v [BT, BV] read once per V tile (V tiles
+# on the grid). One 128-wide V tile on wgmma targets (A and qg read once); with mma.sync (sm80/89) 64-wide: with q
+# and G (fp32) in place of qg, 128 took 254 registers there and 64 165-168 (fla-gen aot).
+_CHANNEL_OUT = KernelShape("fwd_o", (("BT", "BK"), ("BK", "BV")), (("BT", "BT"), ("BT", "BV")),
                            wide_v=("sm90", "sm100"))
-# fwd_h + fwd_o in one walk: q, G [BT, BK], k^T, G^T [BK, BT], A [BT, BT] and v tiles per chunk, the state
-# staged once per step as a dot operand (G is fp32: `fla-gen aot` checks the real size).
-_CHANNEL_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BT", "BK"), ("BK", "BT"), ("BK", "BT"), ("BT", "BT"),
-                                           ("BT", "BV")), (("BK", "BV"),), whole_k=True)
+# fwd_h + fwd_o in one walk: qg [BT, BK], kd^T [BK, BT], A [BT, BT] and v tiles per chunk, the state staged once
+# per step as a dot operand.
+_CHANNEL_FUSED = KernelShape("fwd_fused", (("BT", "BK"), ("BK", "BT"), ("BT", "BT"), ("BT", "BV")), (("BK", "BV"),),
+                             whole_k=True)
 # bwd_dqkg: the inter-chunk dots do h^T, v dh^T in a V loop; the intra parts come from bwd_dqk_intra.
 _CHANNEL_DQKG = KernelShape("bwd_dqkg", (("BT", "BV"), ("BT", "BV"), ("BK", "BV"), ("BK", "BV")),
                             max_block_k=(32, "aot-dqkg-bk32"))
@@ -268,7 +268,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS, _SEGMENT_SCAN),
                   chunked=True, segment_rule=DIAGONAL_SPLIT, backward_walks_forward=True),
-        # Per-channel gates: one [B, T, H, K] fp32 cumsum pass shared by every later kernel.
+        # Per-channel gates: fwd_A_chunk takes the chunk-local cumsum in registers and writes the pre-gated q and k
+        # the walks and fwd_o read; the backward's kernels of dL/dG read G from a cumsum pass.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHANNEL_A_CHUNK, _CHANNEL_A, _CHANNEL_OUT, _CHANNEL_FUSED, _CHUNK_DSTATE,
                    # 128-wide V spills 164-196 B with mma.sync (sm80/89, fla-gen aot): 64 there.

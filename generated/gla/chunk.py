@@ -120,13 +120,14 @@ def gla_cumsum_kernel(
 @cached_launch
 @triton.jit
 def gla_fwd_h_kernel(
-    k, v, G, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, walk_order, T,
+    kd, v, gl, h, h0, ht, gate_total, cu_seqlens, chunk_offsets, walk_order, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     STORE_TOTAL_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # A walk over sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state
-    # and its total log gate per key channel: STORE_CHUNK_STATES off.
+    # h' = diag(exp(G_L)) h + kd^T v, kd = k exp(G_L - G) and G_L (gl [B * NT, H, K]) from fwd_A_chunk. A walk over
+    # sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state and its total log gate
+    # per key channel: STORE_CHUNK_STATES off.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -139,7 +140,7 @@ def gla_fwd_h_kernel(
     m_k, m_v = o_k < K, o_v < V
     o_s = o_k[:, None] * V + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
-    # k^T and G^T tiles [BK, BT] are read transposed through the offsets
+    # kd^T tiles [BK, BT] are read transposed through the offsets
     o_xt = o_i[None, :] * (H * K) + o_k[:, None]
     o_y = o_i[:, None] * (H * V) + o_v[None, :]
     # the state tile stays in fp32 registers across the whole sequence
@@ -154,14 +155,10 @@ def gla_fwd_h_kernel(
         n_t = tl.minimum(T_seq - i_t * BT, BT)
         m_i = o_i < n_t
         m_ki = m_k[:, None] & m_i[None, :]
-        p_x = (t0 * H + i_h) * K
-        b_kt = tl.load(k + p_x + o_xt, mask=m_ki, other=0.)
-        b_gt = tl.load(G + p_x + o_xt, mask=m_ki, other=0.)
-        b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
+        b_kdt = tl.load(kd + (t0 * H + i_h) * K + o_xt, mask=m_ki, other=0.)
+        b_gl = tl.load(gl + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
         b_v = tl.load(v + (t0 * H + i_h) * V + o_y, mask=m_i[:, None] & m_v[None, :], other=0.)
-        # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
-        b_kgt = b_kt * exp_ftz(tl.where(m_ki, b_gl[:, None] - b_gt, float("-inf")))
-        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(b_kdt, b_v, input_precision=DOT_PRECISION)
         b_gate_total += b_gl
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
@@ -170,51 +167,85 @@ def gla_fwd_h_kernel(
         tl.store(gate_total + i_nh.to(tl.int64) * K + o_k, b_gate_total, mask=m_k & (i_v == 0))
 
 
+@triton.jit
+def _gla_gate_tile(g, p_x, o_x, m_x, i_h, USE_G: tl.constexpr):
+    """A [BT, BK] tile of one chunk's G, the inclusive cumsum over its tokens (rows) of the total log gate
+    (g) read at g + p_x + o_x, fp32, and G_L [BK], the whole chunk's: the rows outside m_x gate 0, so
+    G is flat after the chunk's last valid token."""
+    b_g = tl.zeros(o_x.shape, dtype=tl.float32)
+    if USE_G:
+        b_g += tl.load(g + p_x + o_x, mask=m_x, other=0.).to(tl.float32)
+    return tl.cumsum(b_g, axis=0), tl.sum(b_g, axis=0)
+
+
 @cached_launch
 @triton.jit
 def gla_fwd_A_chunk_kernel(
-    q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, NF: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q, k, g, G, A, qg, kd, gl, strong, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # One program per chunk: all of A at once, through one reference token r (the chunk's middle
-    # valid token), as [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) and
-    # the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of
-    # the dtype: each factor within exp(+-DIAG_SPAN), the masked-out products within exp(2 DIAG_SPAN) |q| |k| K).
-    # A chunk whose gates move more (flagged by the cumsum kernel in strong [NF, B * H, NT], one row per K tile of
-    # its launch) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0 (or within the span on a
-    # diagonal block): for those every factor through one token would overflow (the interpreter tests' strong gates,
-    # -5 U(0, 1) per token and channel).
+    # One program per chunk, the forward's first kernel: G, the chunk-local cumsum of the log gate, is taken here in
+    # registers from g, one [BT, BK] tile at a time, and leaves the kernel only as what its readers use:
+    #   qg = scale q exp(G) and kd = k exp(G_L - G) in q's dtype (fwd_o's and the walks' dot operands, as they cast
+    #   them, so the same values; every exponent <= 0), and G_L, gl [B * NT, H, K] fp32 (the walks' decay);
+    #   G itself only for the chunks left to fwd_A_kernel (below), whose sub-chunks read it.
+    # Before, a cumsum kernel wrote G [B, T, H, K] fp32 and this kernel, the walks and fwd_o read it back (beside q and
+    # k): forward 0.413 -> 0.381 ms of kernels at 4x4096x16x128, 0.559 -> 0.439 at 1x16384x16x128 (H200, bf16),
+    # though this kernel went from 0.090 ms to 0.184, against the 0.065 of the cumsum kernel it replaces: the scan and
+    # the reference row's reduction cross warps in every K tile (the scan as a tf32x3 dot with a triangular matrix
+    # was slower, 0.262).
+    # A is built for the whole chunk at once through one reference token r (the chunk's middle valid token), as
+    # [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) and the columns' k_j exp(G_r - G_j). Exact where
+    # every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of the dtype: each factor within
+    # exp(+-DIAG_SPAN)); a chunk whose gates move more (found here once every K tile is seen, and flagged in strong
+    # [1, B * H, NT]) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0: for those every
+    # factor through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and
+    # channel). Its products here are clamped to the span and dropped.
     # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
-    # (mma.sync, at most 3 of the 4 column blocks used); here the dots have BT rows (wgmma on sm90). KDA's
-    # fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16 gates (H200, bf16): 0.147 ms against 0.277.
+    # (mma.sync); here the dots have BT rows (wgmma on sm90): KDA's fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16
+    # gates (H200, bf16), 0.147 ms against 0.277.
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    if _gla_strong_chunk(strong, i_bh, i_t, tl.num_programs(1), tl.num_programs(0), NF):
-        return
     i_b, i_h = i_bh // H, i_bh % H
-    t0, n_t, _ = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
     i_r = _gla_reference_token(n_t)
-    q_c, k_c, g_c = q + (t0 * H + i_h) * K, k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    p_x = (t0 * H + i_h) * K
+    p_l = (i_hc * H + i_h) * K
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_span = tl.zeros([], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_ik = m_i[:, None] & m_k[None, :]
         o_x = o_i[:, None] * (H * K) + o_k[None, :]
-        b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
-        # every |b_d| <= DIAG_SPAN here (the route)
-        b_d = tl.where(m_ik, b_g - tl.load(g_c + i_r * (H * K) + o_k, mask=m_k, other=0.)[None, :], 0.)
-        b_e = exp_ftz(b_d)
-        b_q = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32)
-        b_k = tl.load(k_c + o_x, mask=m_ik, other=0.).to(tl.float32)
+        b_g, b_gl = _gla_gate_tile(g, p_x, o_x, m_ik, i_h, USE_G)
+        tl.store(gl + p_l + o_k, b_gl, mask=m_k)
+        b_q = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
+        b_k = tl.load(k + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
+        tl.store(qg + p_x + o_x, (b_q * (scale * exp_ftz(b_g))).to(qg.dtype.element_ty), mask=m_ik)
+        tl.store(kd + p_x + o_x, (b_k * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
+                                  ).to(kd.dtype.element_ty), mask=m_ik)
+        b_d = tl.where(m_ik, b_g - tl.sum(tl.where(o_i[:, None] == i_r, b_g, 0.), axis=0)[None, :], 0.)
+        b_span = tl.maximum(b_span, tl.max(tl.abs(b_d)))
+        b_d = tl.minimum(tl.maximum(b_d, -DIAG_SPAN), DIAG_SPAN)
         b_kct = tl.trans((b_k * exp_ftz(-b_d)).to(k.dtype.element_ty))
-        b_A += tl.dot((b_q * (scale * b_e)).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
-    # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
-    m_A = o_i[None, :] <= o_i[:, None]
-    p_A = (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :]
-    tl.store(A + p_A, tl.where(m_A, b_A, 0.).to(A.dtype.element_ty), mask=m_i[:, None])
+        b_A += tl.dot((b_q * (scale * exp_ftz(b_d))).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
+    is_strong = b_span > DIAG_SPAN
+    tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
+    if is_strong:
+        # fwd_A_kernel's sub-chunks read this chunk's G (a second pass over g, for these chunks only)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_ik = m_i[:, None] & (o_k < K)[None, :]
+            o_x = o_i[:, None] * (H * K) + o_k[None, :]
+            b_g, _ = _gla_gate_tile(g, p_x, o_x, m_ik, i_h, USE_G)
+            tl.store(G + p_x + o_x, b_g, mask=m_ik)
+    else:
+        # every column of the valid rows, zeros above the diagonal (their readers load whole rows)
+        p_A = (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :]
+        tl.store(A + p_A, tl.where(o_i[None, :] <= o_i[:, None], b_A, 0.).to(A.dtype.element_ty), mask=m_i[:, None])
 
 
 @triton.jit
@@ -376,11 +407,11 @@ def gla_bwd_dqk_intra_chunk_kernel(
 @cached_launch
 @triton.jit
 def gla_fwd_o_kernel(
-    q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
+    qg, v, h, A, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # o = scale * (q exp(G)) h + A v for one V tile of one chunk: dots only, with G <= 0
+    # o = qg h + A v for one V tile of one chunk (qg = scale q exp(G) from fwd_A_chunk): dots only
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -389,7 +420,7 @@ def gla_fwd_o_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     m_iv = m_i[:, None] & m_v[None, :]
-    q_c, g_c = q + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    qg_c = qg + (t0 * H + i_h) * K
     h_c = h + (i_hc * H + i_h) * K * V
     p_y = (t0 * H + i_h) * V
     o_y = o_i[:, None] * (H * V) + o_v[None, :]
@@ -401,10 +432,8 @@ def gla_fwd_o_kernel(
         m_k = o_k < K
         m_ik = m_i[:, None] & m_k[None, :]
         o_x = o_i[:, None] * (H * K) + o_k[None, :]
-        b_qg = tl.load(q_c + o_x, mask=m_ik, other=0.).to(tl.float32) * \
-            (scale * exp_ftz(tl.load(g_c + o_x, mask=m_ik, other=0.)))
         b_h = tl.load(h_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_o += tl.dot(b_qg.to(b_h.dtype), b_h, input_precision=DOT_PRECISION)
+        b_o += tl.dot(tl.load(qg_c + o_x, mask=m_ik, other=0.), b_h, input_precision=DOT_PRECISION)
     # fwd_A wrote every column of the valid rows (zeros above the diagonal)
     b_A = tl.load(A + (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.)
     b_o += tl.dot(b_A.to(v.dtype.element_ty), tl.load(v + p_y + o_y, mask=m_iv, other=0.),
@@ -415,16 +444,16 @@ def gla_fwd_o_kernel(
 @cached_launch
 @triton.jit(do_not_specialize=["T"])
 def gla_fwd_fused_kernel(
-    q, k, v, G, A, o, h0, ht, cu_seqlens, walk_order, scale, T,
+    qg, kd, v, gl, A, o, h0, ht, cu_seqlens, chunk_offsets, walk_order, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # fwd_h and fwd_o in one kernel: one program per (V block, sequence * head) walks the chunks of its
     # sequence with the whole-K [BK, BV] state in fp32 registers and writes each chunk's output from it,
-    # o = scale (q exp(G)) h + A v (A from fwd_A), so no chunk state goes through memory. The price: a grid
-    # of V / BV * N * H programs, each rebuilding q exp(G) and k exp(G_L - G) for its V block (the launcher
-    # takes fwd_h + fwd_o when that leaves the GPU short of programs, launch.fused_walk_block_v).
+    # o = qg h + A v (qg, kd, gl and A from fwd_A_chunk and fwd_A), so no chunk state goes through memory. The
+    # price: a grid of V / BV * N * H programs, each reading qg and kd for its V block (the launcher takes fwd_h +
+    # fwd_o when that leaves the GPU short of programs, launch.fused_walk_block_v).
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -433,10 +462,12 @@ def gla_fwd_fused_kernel(
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         NT = tl.cdiv(T_seq, BT)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
         bos = i_n.to(tl.int64) * T
         T_seq = T
         NT = tl.cdiv(T, BT)
+        boh = i_n.to(tl.int64) * NT
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -444,7 +475,7 @@ def gla_fwd_fused_kernel(
     o_s = o_k[:, None] * V + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
     o_x = o_i[:, None] * (H * K) + o_k[None, :]
-    # k^T and G^T tiles [BK, BT] are read transposed through the offsets
+    # kd^T tiles [BK, BT] are read transposed through the offsets
     o_xt = o_i[None, :] * (H * K) + o_k[:, None]
     o_y = o_i[:, None] * (H * V) + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
@@ -460,19 +491,16 @@ def gla_fwd_fused_kernel(
         p_x = (t0 * H + i_h) * K
         p_y = (t0 * H + i_h) * V
         b_v = tl.load(v + p_y + o_y, mask=m_iv, other=0.)
-        # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o; G <= 0
-        b_qg = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32) * \
-            (scale * exp_ftz(tl.load(G + p_x + o_x, mask=m_ik, other=0.)))
-        b_o = tl.dot(b_qg.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=DOT_PRECISION)
+        # the state enters the output dot in the input dtype, as fwd_h stores it for fwd_o
+        b_o = tl.dot(tl.load(qg + p_x + o_x, mask=m_ik, other=0.), b_h.to(b_v.dtype), input_precision=DOT_PRECISION)
         # fwd_A wrote every column of the valid rows (zeros above the diagonal)
         b_A = tl.load(A + (t0 * H + i_h) * BT + o_i[:, None] * (H * BT) + o_i[None, :], mask=m_i[:, None], other=0.)
         b_o = tl.dot(b_A.to(b_v.dtype), b_v, b_o, input_precision=DOT_PRECISION)
         tl.store(o + p_y + o_y, b_o.to(o.dtype.element_ty), mask=m_iv)
-        # h' = diag(exp(G_L)) h + (k exp(G_L - G))^T v: every exponent <= 0
-        b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
-        b_kgt = tl.load(k + p_x + o_xt, mask=m_ki, other=0.).to(tl.float32) * \
-            exp_ftz(tl.where(m_ki, b_gl[:, None] - tl.load(G + p_x + o_xt, mask=m_ki, other=0.), float("-inf")))
-        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(b_kgt.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        # h' = diag(exp(G_L)) h + kd^T v
+        b_gl = tl.load(gl + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
+        b_h = b_h * exp_ftz(b_gl)[:, None] + tl.dot(tl.load(kd + p_x + o_xt, mask=m_ki, other=0.), b_v,
+                                                    input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + o_s, b_h, mask=m_s)
 
@@ -480,11 +508,12 @@ def gla_fwd_fused_kernel(
 @cached_launch
 @triton.jit
 def gla_bwd_dh_kernel(
-    q, G, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walk_order, scale, T,
+    qg, gl, do, dh, dht, dh0, cu_seqlens, chunk_offsets, walk_order, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_FINAL_STATE_GRADIENT: tl.constexpr, STORE_INITIAL_STATE_GRADIENT: tl.constexpr,
     STORE_CHUNK_STATES: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # dh = diag(exp(G_L)) D + qg^T do, with the forward's qg = scale q exp(G) and G_L (gl)
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -512,14 +541,10 @@ def gla_bwd_dh_kernel(
         t0 = bos + i_t * BT
         n_t = tl.minimum(T_seq - i_t * BT, BT)
         m_i = o_i < n_t
-        m_ki = m_k[:, None] & m_i[None, :]
-        p_x = (t0 * H + i_h) * K
-        b_qt = tl.load(q + p_x + o_xt, mask=m_ki, other=0.).to(tl.float32) * scale
-        b_gt = tl.load(G + p_x + o_xt, mask=m_ki, other=0.)
-        b_gl = tl.load(G + p_x + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
+        b_qgt = tl.load(qg + (t0 * H + i_h) * K + o_xt, mask=m_k[:, None] & m_i[None, :], other=0.)
+        b_gl = tl.load(gl + ((boh + i_t) * H + i_h) * K + o_k, mask=m_k, other=0.)
         b_do = tl.load(do + (t0 * H + i_h) * V + o_y, mask=m_i[:, None] & m_v[None, :], other=0.)
-        b_qgt = b_qt * exp_ftz(tl.where(m_ki, b_gt, float("-inf")))
-        b_dh = b_dh * exp_ftz(b_gl)[:, None] + tl.dot(b_qgt.to(b_do.dtype), b_do, input_precision=DOT_PRECISION)
+        b_dh = b_dh * exp_ftz(b_gl)[:, None] + tl.dot(b_qgt, b_do, input_precision=DOT_PRECISION)
     if STORE_INITIAL_STATE_GRADIENT:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_s, b_dh, mask=m_s)
 
@@ -527,16 +552,17 @@ def gla_bwd_dh_kernel(
 @cached_launch
 @triton.jit
 def gla_bwd_dv_kernel(
-    k, v, G, A, do, dh, dv, dA, cu_seqlens, chunk_indices, scale, T,
+    kd, v, A, do, dh, dv, dA, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # dv = A^T do + kd dh, with the forward's kd = k exp(G_L - G); dA = scale do v^T
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     t0, n_t, i_hc = _gla_locate_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_i = o_i < n_t
-    k_c, g_c = k + (t0 * H + i_h) * K, G + (t0 * H + i_h) * K
+    kd_c = kd + (t0 * H + i_h) * K
     p_y = (t0 * H + i_h) * V
     p_A = (t0 * H + i_h) * BT
     dh_c = dh + (i_hc * H + i_h) * K * V
@@ -560,13 +586,9 @@ def gla_bwd_dv_kernel(
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < K
             m_ik = m_i[:, None] & m_k[None, :]
-            o_x = o_i[:, None] * (H * K) + o_k[None, :]
-            b_k = tl.load(k_c + o_x, mask=m_ik, other=0.)
-            b_g = tl.load(g_c + o_x, mask=m_ik, other=0.)
-            b_gl = tl.load(g_c + (n_t - 1) * (H * K) + o_k, mask=m_k, other=0.)
-            b_kg = b_k * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
+            b_kd = tl.load(kd_c + o_i[:, None] * (H * K) + o_k[None, :], mask=m_ik, other=0.)
             b_dhs = tl.load(dh_c + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-            b_dv += tl.dot(b_kg.to(b_dhs.dtype), b_dhs, input_precision=DOT_PRECISION)
+            b_dv += tl.dot(b_kd, b_dhs, input_precision=DOT_PRECISION)
         tl.store(dv + p_y + o_y, b_dv.to(dv.dtype.element_ty), mask=m_iv)
     # dA = scale * do v^T on the causal triangle, zeros above it (fp32: it feeds dg)
     b_dA = tl.where(m_i[:, None] & (o_i[:, None] >= o_i[None, :]), b_dA * scale, 0.)
@@ -870,25 +892,25 @@ def _segment_scan(seg_state, seg_gate, state_in, store_state_out, segments, N, r
     return seg_entry, state_out
 
 
-def _launch_fwd_h(k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, walks, plan):
-    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'):
-    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None, gate_total
-    [walks, H, K] float32 or None."""
-    B, T, H, K = k.shape
+def _launch_fwd_h(kd, v, gl, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, walks, plan):
+    """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments') from
+    fwd_A_chunk's kd [B, T, H, K] and gl [B * NT, H, K]: h [B, NT, H, K, V] (None: not stored), final_state
+    [walks, H, K, V] float32 or None, gate_total [walks, H, K] float32 or None."""
+    B, T, H, K = kd.shape
     V = v.shape[-1]
     cfg = plan.config("fwd_h")
     BK, BV = launch.state_walk_tiles(_tile(cfg.block_k, K), _tile(cfg.block_v, V), K, V, walks * H,
-                                     launch.split_sm_count(cfg, k.device))
+                                     launch.split_sm_count(cfg, kd.device))
     gla_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
-        k, v, G, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), T,
+        kd, v, gl, h, initial_state, final_state, gate_total, cu_seqlens, chunk_offsets, launch.walk_order(chunk_offsets, walks), T,
         H=H, K=K, V=V, BT=plan.chunk_size, BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=final_state is not None, STORE_CHUNK_STATES=h is not None,
         STORE_TOTAL_GATE=gate_total is not None, IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=launch.dot_precision(kd.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan):
+def _segment_entry_states(k, v, gl, initial_state, output_final_state, segments, N, plan):
     """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
     from zero, all at once, then the scan over each sequence's segments.
 
@@ -900,14 +922,14 @@ def _segment_entry_states(k, v, G, initial_state, output_final_state, segments, 
     V = v.shape[-1]
     seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_gate = k.new_empty(segments.count, H, K, dtype=torch.float32)
-    _launch_fwd_h(k, v, G, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
+    _launch_fwd_h(k, v, gl, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
     seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate
 
 
-def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
+def _chunk_fwd_h(kd, v, gl, initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets, segments, plan,
                  seg_states=None):
     """The state at the start of every chunk, h [B, NT, H, K, V] in the inputs' dtype (NT counts
     every chunk of the packed batch under varlen, B = 1), the final state [N, H, K, V] fp32
@@ -915,19 +937,19 @@ def _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_i
     (the state entering each segment [S, H, K, V], its total log gate [S, H, K]) fp32 (else None). The walks
     start from ``seg_states`` where the forward kept them (the backward's recompute, which wants no final state),
     else from _segment_entry_states."""
-    B, T, H, K = k.shape
+    B, T, H, K = kd.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    h = k.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
+    h = kd.new_empty(B, launch.num_chunks(T, plan.chunk_size, chunk_indices), H, K, V)
     if segments is None:
-        ht = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-        _launch_fwd_h(k, v, G, h, initial_state, ht, None, cu_seqlens, chunk_offsets, N, plan)
+        ht = kd.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+        _launch_fwd_h(kd, v, gl, h, initial_state, ht, None, cu_seqlens, chunk_offsets, N, plan)
         return h, ht, None
     if seg_states is None:
-        seg_entry, ht, seg_gate = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+        seg_entry, ht, seg_gate = _segment_entry_states(kd, v, gl, initial_state, output_final_state, segments, N, plan)
     else:
         (seg_entry, seg_gate), ht = seg_states, None
-    _launch_fwd_h(k, v, G, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets, segments.count,
+    _launch_fwd_h(kd, v, gl, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets, segments.count,
                   plan)
     return h, ht, (seg_entry, seg_gate)
 
@@ -949,31 +971,36 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         segments: the sequence segments the walks run over (fla_gen.runtime.segments), or None: then
             the states entering them come first (a walk from zero per segment, and a scan).
         packed_walks: the call's launch.PackedWalks (None: a dense call), for fwd_fused's launch choice.
-        plan: the Plan; stages cumsum, fwd_A, then fwd_fused (the state walk that also writes the
-            outputs) when its grid fills enough of the GPU, else fwd_h and fwd_o; segment_scan.
+        plan: the Plan; stages fwd_A_chunk (the gate's cumsum in registers: qg, kd and gl below), fwd_A, then
+            fwd_fused (the state walk that also writes the outputs) when its grid fills enough of the GPU, else fwd_h
+            and fwd_o; segment_scan.
 
     Returns:
-        o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (G, A, strong)
-        for chunk_bwd: G [B, T, H, K] fp32 chunk-local cumulative gate, A [B, T, H, BT] the
-        scaled intra-chunk matrix in q's dtype (row t holds A[t, :] of t's chunk), strong [NK, B * H, NT]
-        int8 the cumsum's route of each chunk (bwd_dqk_intra takes the same); with segments followed by the state
-        entering each and its total log gate (launch.saved_segment_states), from which the backward's recompute
-        starts rather than walking and scanning the segments again.
+        o [B, T, H, V] in q's dtype; the final state [N, H, K, V] float32 or None; saved = (A, qg, kd, gl) for
+        chunk_bwd (() under launch.no_backward): A [B, T, H, BT] the scaled intra-chunk matrix in q's dtype (row t
+        holds A[t, :] of t's chunk), qg = scale q exp(G) and kd = k exp(G_L - G) [B, T, H, K] in q's dtype (G the
+        chunk-local cumulative gate, G_L its chunk's last), gl [B * NT, H, K] fp32 each chunk's G_L; with segments
+        followed by the state entering each and its total log gate (launch.saved_segment_states), from which the
+        backward's recompute starts rather than walking and scanning the segments again.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
     NT = launch.num_chunks(T, BT, chunk_indices)
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     A = q.new_empty(B, T, H, BT)
+    qg, kd = torch.empty_like(q), torch.empty_like(k)
+    gl = q.new_empty(B * NT, H, K, dtype=torch.float32)
+    # G and the routes for fwd_A: fwd_A_chunk writes G only for the chunks it leaves to fwd_A
+    G = q.new_empty(B, T, H, K, dtype=torch.float32)
+    strong = torch.empty(1, B * H, NT, dtype=torch.int8, device=q.device)
     cfg = plan.config("fwd_A_chunk")
     gla_fwd_A_chunk_kernel[(NT, B * H)](
-        q, k, G, A, strong, cu_seqlens, chunk_indices, scale, T,
-        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), NF=strong.shape[0], IS_VARLEN=cu_seqlens is not None,
-        DOT_PRECISION=launch.dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q, k, g, G, A, qg, kd, gl, strong, cu_seqlens, chunk_indices, scale, T,
+        H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
+        IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
@@ -983,7 +1010,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=launch.dot_precision(q.dtype),
         DIAG_SPAN=launch.factor_span(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    saved = (G, A, strong)
+    del G, strong
+    saved = (A, qg, kd, gl) if launch.backward_follows() else ()
     walks = N if segments is None else segments.count
     BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, packed_walks)
     if BV:
@@ -991,24 +1019,27 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
         o = torch.empty_like(v)
         if segments is None:
             walk_cu_seqlens, walk_initial_state = cu_seqlens, initial_state
+            walk_chunk_offsets = chunk_offsets
             walk_order = launch.walk_order(chunk_offsets, N)
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
-            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, G, initial_state, output_final_state, segments, N, plan)
+            walk_initial_state, final_state, seg_carry = _segment_entry_states(kd, v, gl, initial_state, output_final_state, segments, N, plan)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
+            walk_chunk_offsets = segments.chunk_offsets
             walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
         gla_fwd_fused_kernel[(launch.cdiv(V, BV), walks * H)](
-            q,
-            k,
+            qg,
+            kd,
             v,
-            G,
+            gl,
             A,
             o,
             walk_initial_state,
             walk_final_state,
             walk_cu_seqlens,
+            walk_chunk_offsets,
             walk_order,
             scale,
             T,
@@ -1026,14 +1057,14 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
             num_stages=walk_stages,
         )
         return o, final_state, saved
-    h, ht, seg_states = _chunk_fwd_h(k, v, G, initial_state, output_final_state, cu_seqlens, chunk_indices,
+    h, ht, seg_states = _chunk_fwd_h(kd, v, gl, initial_state, output_final_state, cu_seqlens, chunk_indices,
                                      chunk_offsets, segments, plan)
     saved = (*saved, *launch.saved_segment_states(seg_states, cu_seqlens))
     cfg = plan.config("fwd_o")
     BK, BV = _tile(cfg.block_k, K), _tile(cfg.block_v, V)
     o = q.new_empty(B, T, H, V)
     gla_fwd_o_kernel[(launch.cdiv(V, BV), NT, B * H)](
-        q, v, G, h, A, o, cu_seqlens, chunk_indices, scale, T,
+        qg, v, h, A, o, cu_seqlens, chunk_indices, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -1046,18 +1077,18 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     Args:
         q, k, v, g, scale, initial_state, cu_seqlens, chunk_indices, chunk_offsets: as in chunk_fwd.
-        saved: (G, A, strong) from chunk_fwd, with segments followed by their states (launch.saved_segment_states).
+        saved: (A, qg, kd, gl) from chunk_fwd, with segments followed by their states (launch.saved_segment_states).
         do: [B, T, H, V] gradient of o; dht: [N, H, K, V] gradient of the final state, or None.
         segments: as in chunk_fwd; both walks then run per segment, after a walk from zero and a scan.
-        plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, bwd_dqk_intra,
-            bwd_dqkg, segment_scan.
+        plan: the Plan; stages fwd_h (to recompute the chunk states), bwd_dh, bwd_dv, cumsum (G and its routes,
+            for the kernels that take dL/dG), bwd_dqk_intra, bwd_dqkg, segment_scan.
 
     Returns:
         dq, dk [B, T, H, K] and dv [B, T, H, V] in the inputs' dtype; dg [B, T, H, K] in g's dtype
         (None without g); dh0 [N, H, K, V]
         float32, or None without initial_state.
     """
-    G, A, strong = saved[:3]
+    A, qg, kd, gl = saved[:4]
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = plan.chunk_size
@@ -1066,8 +1097,8 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     is_varlen = cu_seqlens is not None
     dot_precision = launch.dot_precision(q.dtype)
     do = do.contiguous()
-    h, _, seg_states = _chunk_fwd_h(k, v, G, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments,
-                                    plan, seg_states=launch.resumed_segment_states(saved[3:]))
+    h, _, seg_states = _chunk_fwd_h(kd, v, gl, initial_state, False, cu_seqlens, chunk_indices, chunk_offsets, segments,
+                                    plan, seg_states=launch.resumed_segment_states(saved[4:]))
     seg_gate = seg_states[1] if seg_states else None
     del seg_states
 
@@ -1076,7 +1107,7 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
 
     def launch_bwd_dh(dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, walks):
         gla_bwd_dh_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
-            q, G, do, dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, launch.walk_order(walk_chunk_offsets, walks), scale, T,
+            qg, gl, do, dh, dht, dh0, walk_cu_seqlens, walk_chunk_offsets, launch.walk_order(walk_chunk_offsets, walks), T,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_FINAL_STATE_GRADIENT=dht is not None,
             STORE_INITIAL_STATE_GRADIENT=dh0 is not None, STORE_CHUNK_STATES=dh is not None,
             IS_VARLEN=walk_cu_seqlens is not None, DOT_PRECISION=dot_precision,
@@ -1101,10 +1132,13 @@ def chunk_bwd(q, k, v, g, saved, scale, initial_state, do, dht, cu_seqlens, chun
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, BT, device=q.device, dtype=torch.float32)
     gla_bwd_dv_kernel[(NT, B * H)](
-        k, v, G, A, do, dh, dv, dA, cu_seqlens, chunk_indices, scale, T,
+        kd, v, A, do, dh, dv, dA, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    # The forward keeps no G (fp32 [B, T, H, K]; its walks and fwd_o read qg, kd and gl): what still needs it, the
+    # kernels of dL/dG, read it from one cumsum pass, allocated only now.
+    G, strong = _chunk_gate_cumsum(q, g, cu_seqlens, chunk_indices, plan)
 
     # the intra-chunk parts of dq and dk, fp32, finished by bwd_dqkg: whole chunks or sub-chunks as the forward's route
     dq_intra = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)

@@ -47,11 +47,12 @@ def test_backward_from_saved_products_equals_recomputed(case):
         assert torch.equal(a, b), f"{op}: d{name} differs between the saved and the recomputed backward"
 
 
-@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
-def test_forward_keeps_products_only_when_a_backward_may_follow(op, monkeypatch):
+@pytest.mark.parametrize(("op", "products"), [("gated_delta_rule", 1), ("kda", 5), ("gla", 4)])
+def test_forward_keeps_products_only_when_a_backward_may_follow(op, products, monkeypatch):
     """Called without autograd the public op runs its body directly (torch_op.call_op) under
     launch.no_backward: the forward keeps nothing, so the walk does not hold the backward's products. With a
-    gradient to take, it keeps them (one for the scalar gate, five for the per-channel one)."""
+    gradient to take, it keeps them (the delta rule's: one for the scalar gate, five for the per-channel one;
+    GLA's A, qg, kd and each chunk's total gate)."""
     package = generated(op)
     module = package.chunk
     kept = []
@@ -68,4 +69,4 @@ def test_forward_keeps_products_only_when_a_backward_may_follow(op, monkeypatch)
     with torch.no_grad():
         public(**x)
     public(**{name: t.requires_grad_() for name, t in x.items()})[0].sum().backward()
-    assert kept == [0, 1 if op == "gated_delta_rule" else 5]
+    assert kept == [0, products]
