@@ -183,7 +183,8 @@ def _gla_gate_tile(g, p_x, o_x, m_x, i_h, USE_G: tl.constexpr):
 def gla_fwd_A_chunk_kernel(
     q, k, g, G, A, qg, kd, gl, strong, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, DIAG_SPAN: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_G: tl.constexpr, MIDDLE_REFERENCE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One program per chunk, the forward's first kernel: G, the chunk-local cumsum of the log gate, is taken here in
     # registers from g, one [BT, BK] tile at a time, and leaves the kernel only as what its readers use:
@@ -195,13 +196,18 @@ def gla_fwd_A_chunk_kernel(
     # though this kernel went from 0.090 ms to 0.184, against the 0.065 of the cumsum kernel it replaces: the scan and
     # the reference row's reduction cross warps in every K tile (the scan as a tf32x3 dot with a triangular matrix
     # was slower, 0.262).
-    # A is built for the whole chunk at once through one reference token r (the chunk's middle valid token), as
-    # [BT, BK] x [BK, BT] dots of the rows' factor q_i exp(G_i - G_r) and the columns' k_j exp(G_r - G_j). Exact where
-    # every |G_x - G_r| <= DIAG_SPAN (the host's launch.factor_span of the dtype: each factor within
-    # exp(+-DIAG_SPAN)); a chunk whose gates move more (found here once every K tile is seen, and flagged in strong
-    # [1, B * H, NT]) is left to fwd_A_kernel's 16-token sub-chunks, whose exponents stay <= 0: for those every
-    # factor through one token would overflow (the interpreter tests' strong gates, -5 U(0, 1) per token and
-    # channel). Its products here are clamped to the span and dropped.
+    # A is built for the whole chunk at once through one reference token r, as [BT, BK] x [BK, BT] dots of the rows'
+    # factor q_i exp(G_i - G_r) and the columns' k_j exp(G_r - G_j). Exact where every |G_x - G_r| <= DIAG_SPAN (the
+    # host's launch.factor_span of the dtype: each factor within exp(+-DIAG_SPAN)); a chunk whose gates move more
+    # (found here once every K tile is seen, and flagged in strong [1, B * H, NT]) is left to fwd_A_kernel's 16-token
+    # sub-chunks, whose exponents stay <= 0: for those every factor through one token would overflow (the interpreter
+    # tests' strong gates, -5 U(0, 1) per token and channel). Its products here are clamped to the span and dropped.
+    # r is the chunk's last valid token, whose G_L this kernel has anyway (the columns' factors are then kd's):
+    # against the middle one (a reduction across the rows in every K tile, and an exp more per element) this kernel
+    # took 0.185 -> 0.159 ms at 4x4096x16x128 (H200, bf16), the forward 0.380 -> 0.354. The gates may then move
+    # DIAG_SPAN in all over the chunk rather than on either side of its middle, so fp16 (a span of 4) keeps the
+    # middle token (MIDDLE_REFERENCE): logsigmoid(randn) / 16 gates move a chunk's G by about 3-4 on its widest
+    # channel, which would leave most of its chunks to the sub-chunks.
     # The 16-token sub-chunks' programs each build their own [BK, BT] column tile and dot it with 16 rows
     # (mma.sync); here the dots have BT rows (wgmma on sm90): KDA's fwd_A at 4x4096x16x128 with logsigmoid(randn) / 16
     # gates (H200, bf16), 0.147 ms against 0.277.
@@ -225,13 +231,18 @@ def gla_fwd_A_chunk_kernel(
         b_q = tl.load(q + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
         b_k = tl.load(k + p_x + o_x, mask=m_ik, other=0.).to(tl.float32)
         tl.store(qg + p_x + o_x, (b_q * (scale * exp_ftz(b_g))).to(qg.dtype.element_ty), mask=m_ik)
-        tl.store(kd + p_x + o_x, (b_k * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))
-                                  ).to(kd.dtype.element_ty), mask=m_ik)
-        b_d = tl.where(m_ik, b_g - tl.sum(tl.where(o_i[:, None] == i_r, b_g, 0.), axis=0)[None, :], 0.)
+        b_kd = (b_k * exp_ftz(tl.where(m_ik, b_gl[None, :] - b_g, float("-inf")))).to(kd.dtype.element_ty)
+        tl.store(kd + p_x + o_x, b_kd, mask=m_ik)
+        if MIDDLE_REFERENCE:
+            b_d = tl.where(m_ik, b_g - tl.sum(tl.where(o_i[:, None] == i_r, b_g, 0.), axis=0)[None, :], 0.)
+        else:
+            b_d = tl.where(m_ik, b_g - b_gl[None, :], 0.)
         b_span = tl.maximum(b_span, tl.max(tl.abs(b_d)))
         b_d = tl.minimum(tl.maximum(b_d, -DIAG_SPAN), DIAG_SPAN)
-        b_kct = tl.trans((b_k * exp_ftz(-b_d)).to(k.dtype.element_ty))
-        b_A += tl.dot((b_q * (scale * exp_ftz(b_d))).to(k.dtype.element_ty), b_kct, input_precision=DOT_PRECISION)
+        if MIDDLE_REFERENCE:
+            b_kd = (b_k * exp_ftz(-b_d)).to(k.dtype.element_ty)
+        b_A += tl.dot((b_q * (scale * exp_ftz(b_d))).to(k.dtype.element_ty), tl.trans(b_kd),
+                      input_precision=DOT_PRECISION)
     is_strong = b_span > DIAG_SPAN
     tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
     if is_strong:
@@ -1000,7 +1011,7 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     gla_fwd_A_chunk_kernel[(NT, B * H)](
         q, k, g, G, A, qg, kd, gl, strong, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
-        IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        MIDDLE_REFERENCE=q.dtype == torch.float16, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     BC = min(16, BT)
     cfg = plan.config("fwd_A")

@@ -2,8 +2,9 @@
 KDA and GLA against their derived float64 references.
 
 A chunk whose gates move at most the dtype's factor span (launch.factor_span: 30 in fp32, 4 in fp16) about its
-middle token is built whole through that token; the gate's cumsum kernel flags any other chunk for the 16-token
-sub-chunks.
+reference token is built whole through that token; any other chunk is flagged for the 16-token sub-chunks (by KDA's
+cumsum kernel, by GLA's fwd_A_chunk itself). The reference token is the chunk's middle valid one, except in GLA's
+fwd_A_chunk on 32-bit and bf16 inputs, where it is the last.
 The inputs put both kinds in one call: weak gates (-0.09 U(0, 1) per token and channel: at most 2.9 over half a
 chunk) with strong ones (-5 U(0, 1): tens over half a chunk) in some chunks. Each call's routes are recorded and
 compared with the ones the gates call for, so a test fails when a chunk takes the wrong route, and the reference
@@ -50,13 +51,14 @@ def chunk_ranges(B: int, T: int, cu_seqlens: list[int] | None) -> list[tuple[int
     return [(0, c, t, min(t + BT, eos)) for c, (t, eos) in enumerate(starts)]
 
 
-def expected_flags(g: torch.Tensor, ranges, span: float) -> torch.Tensor:
-    """[B * H, NT] int8: 1 where a chunk's cumulative gate moves more than ``span`` about its middle token."""
+def expected_flags(g: torch.Tensor, ranges, span: float, last: bool) -> torch.Tensor:
+    """[B * H, NT] int8: 1 where a chunk's cumulative gate moves more than ``span`` about its reference token (the
+    last valid one with ``last``, else the middle one)."""
     B, _, H, _ = g.shape
     flags = torch.zeros(B * H, 1 + max(c for _, c, _, _ in ranges), dtype=torch.int8)
     for b, c, t0, t1 in ranges:
         G = g[b, t0:t1].double().cumsum(0)  # [n, H, K]
-        moved = (G - G[(t1 - t0 - 1) // 2]).abs().amax(dim=(0, 2))  # [H]
+        moved = (G - G[t1 - t0 - 1 if last else (t1 - t0 - 1) // 2]).abs().amax(dim=(0, 2))  # [H]
         flags[b * H:(b + 1) * H, c] = (moved > span).to(torch.int8)
     return flags
 
@@ -94,10 +96,11 @@ def test_whole_chunks_beside_sub_chunks(monkeypatch, op, dtype, dims, cu_seqlens
                                     {**x, "initial_state": torch.randn(N, H, K, V)}, dtype, name=f"chunk_{op}",
                                     guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), f"{result.name} {dtype}: over tolerance {result.failures()} (all {result.errors})"
-    want = expected_flags(x["g"], chunk_ranges(B, T, cu_seqlens), launch.factor_span(dtype))
+    last = op == "gla" and dtype != torch.float16
+    want = expected_flags(x["g"], chunk_ranges(B, T, cu_seqlens), launch.factor_span(dtype), last)
     assert 0 < int(want.sum()) < want.numel(), "the case should hold chunks of both kinds"
     assert recorder.flags, "fwd_A_chunk_kernel never ran"
-    for flags in recorder.flags:  # [NK, B * H, NT]: one row of routes per K tile of the cumsum's launch
+    for flags in recorder.flags:  # [NF, B * H, NT]: KDA's one row per K tile of the cumsum's launch, GLA's one
         routes = flags.cpu().reshape(-1, *want.shape).amax(0)
         assert torch.equal(routes, want), f"routes {routes.tolist()} against {want.tolist()}"
     # fwd_A's work list (two row sets): every strong chunk once, in any order, and nothing else
