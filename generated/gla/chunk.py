@@ -240,8 +240,10 @@ def gla_fwd_A_chunk_kernel(
         b_span = tl.maximum(b_span, tl.max(tl.abs(b_d)))
         b_d = tl.minimum(tl.maximum(b_d, -DIAG_SPAN), DIAG_SPAN)
         if MIDDLE_REFERENCE:
-            b_kd = (b_k * exp_ftz(-b_d)).to(k.dtype.element_ty)
-        b_A += tl.dot((b_q * (scale * exp_ftz(b_d))).to(k.dtype.element_ty), tl.trans(b_kd),
+            b_kc = (b_k * exp_ftz(-b_d)).to(k.dtype.element_ty)
+        else:
+            b_kc = b_kd
+        b_A += tl.dot((b_q * (scale * exp_ftz(b_d))).to(k.dtype.element_ty), tl.trans(b_kc),
                       input_precision=DOT_PRECISION)
     is_strong = b_span > DIAG_SPAN
     tl.store(strong + i_bh * tl.num_programs(0) + i_t, is_strong.to(tl.int8))
@@ -1011,7 +1013,8 @@ def chunk_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     gla_fwd_A_chunk_kernel[(NT, B * H)](
         q, k, g, G, A, qg, kd, gl, strong, cu_seqlens, chunk_indices, scale, T,
         H=H, K=K, BT=BT, BK=_tile(cfg.block_k, K), DIAG_SPAN=launch.factor_span(q.dtype), USE_G=g is not None,
-        MIDDLE_REFERENCE=q.dtype == torch.float16, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        MIDDLE_REFERENCE=q.dtype == torch.float16,
+        IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     BC = min(16, BT)
     cfg = plan.config("fwd_A")
