@@ -43,6 +43,15 @@ def generated(op: str):
     return importlib.import_module(f"generated.{op}")
 
 
+def chunk_ranges(B: int, T: int, cu_seqlens: list[int] | None, BT: int) -> list[tuple[int, int, int, int]]:
+    """(batch row, chunk index, first token, end) of every chunk of BT tokens, in the order of the chunk-parallel
+    kernels' grid: the index within the row for dense inputs, across the packed sequences with cu_seqlens."""
+    if cu_seqlens is None:
+        return [(b, c, t, min(t + BT, T)) for b in range(B) for c, t in enumerate(range(0, T, BT))]
+    starts = [(t, eos) for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True) for t in range(bos, eos, BT)]
+    return [(0, c, t, min(t + BT, eos)) for c, (t, eos) in enumerate(starts)]
+
+
 @contextlib.contextmanager
 def poisoned_allocations():
     """Make torch.empty & co. return NaN-filled floating tensors, so an element a kernel

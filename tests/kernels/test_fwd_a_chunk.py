@@ -19,7 +19,7 @@ import torch
 from fla_gen.runtime import launch
 from fla_gen.sample import sample_inputs
 from fla_gen.verify import compare_with_reference
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import chunk_ranges, generated, poisoned_allocations, recurrence
 
 BT = 64
 
@@ -40,15 +40,6 @@ class RecordedFlags:
             if "strong_chunks" in names:
                 self.lists.append(args[names.index("strong_chunks")].clone())
         return run
-
-
-def chunk_ranges(B: int, T: int, cu_seqlens: list[int] | None) -> list[tuple[int, int, int, int]]:
-    """(batch row, chunk index, first token, end) of every chunk: the index within the row for dense inputs,
-    across the packed sequences with cu_seqlens (the kernels' grid)."""
-    if cu_seqlens is None:
-        return [(b, c, t, min(t + BT, T)) for b in range(B) for c, t in enumerate(range(0, T, BT))]
-    starts = [(t, eos) for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True) for t in range(bos, eos, BT)]
-    return [(0, c, t, min(t + BT, eos)) for c, (t, eos) in enumerate(starts)]
 
 
 def expected_flags(g: torch.Tensor, ranges, span: float, last: bool) -> torch.Tensor:
@@ -97,7 +88,7 @@ def test_whole_chunks_beside_sub_chunks(monkeypatch, op, dtype, dims, cu_seqlens
                                     guard=poisoned_allocations, cu_seqlens=cu)
     assert not result.failures(), f"{result.name} {dtype}: over tolerance {result.failures()} (all {result.errors})"
     last = op == "gla" and dtype != torch.float16
-    want = expected_flags(x["g"], chunk_ranges(B, T, cu_seqlens), launch.factor_span(dtype), last)
+    want = expected_flags(x["g"], chunk_ranges(B, T, cu_seqlens, BT), launch.factor_span(dtype), last)
     assert 0 < int(want.sum()) < want.numel(), "the case should hold chunks of both kinds"
     assert recorder.flags, "fwd_A_chunk_kernel never ran"
     for flags in recorder.flags:  # [NF, B * H, NT]: KDA's one row per K tile of the cumsum's launch, GLA's one

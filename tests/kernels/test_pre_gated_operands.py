@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fla_gen.sample import relative_error, sample_inputs
-from tests.support import generated, poisoned_allocations, recurrence
+from tests.support import chunk_ranges, generated, poisoned_allocations, recurrence
 
 BT = 64
 
@@ -22,14 +22,6 @@ CASES = [
     (1, 200, 2, 40, 16, [0, 70, 70, 200], torch.float32, 1e-5),
     (2, 96, 1, 32, 16, None, torch.float16, 2e-3),
 ]
-
-
-def chunk_spans(B: int, T: int, cu_seqlens: list[int] | None) -> list[tuple[int, int, int]]:
-    """(batch row, first token, end) of every chunk, in the order of the kernels' chunk index."""
-    if cu_seqlens is None:
-        return [(b, t, min(t + BT, T)) for b in range(B) for t in range(0, T, BT)]
-    return [(0, t, min(t + BT, eos)) for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)
-            for t in range(bos, eos, BT)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=["dense-fp32", "varlen-fp32", "dense-fp16"])
@@ -43,12 +35,13 @@ def test_pre_gated_operands_match_the_cumsum(case):
         _, _, _, qg, kd, gl, *_ = module._op_forward(
             q=x["q"], k=x["k"], v=x["v"], g=x["g"], scale=scale, initial_state=None, output_final_state=False,
             cu_seqlens=cu, cu_seqlens_cpu=None if cu is None else cu.clone(), gate_lower_bound=None)
-    spans = chunk_spans(B, T, offsets)
+    # gl's rows follow the grid's order, b * NT + c for dense inputs: the position in this list
+    spans = chunk_ranges(B, T, offsets, BT)
     assert gl.shape == (len(spans), H, K), gl.shape
     q, k, g = (x[name].double() for name in ("q", "k", "g"))
     qg_ref, kd_ref = torch.zeros_like(q), torch.zeros_like(k)
     gl_ref = torch.empty(len(spans), H, K, dtype=torch.float64)
-    for c, (b, t0, t1) in enumerate(spans):
+    for c, (b, _, t0, t1) in enumerate(spans):
         G = g[b, t0:t1].cumsum(0)  # [n, H, K]
         qg_ref[b, t0:t1] = scale * q[b, t0:t1] * G.exp()
         kd_ref[b, t0:t1] = k[b, t0:t1] * (G[-1] - G).exp()
