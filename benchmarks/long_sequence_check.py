@@ -40,6 +40,8 @@ for _p in (str(HERE.parent), str(HERE)):
 import _ops  # noqa: E402
 import torch  # noqa: E402
 
+from fla_gen.verify import poisoned_allocations  # noqa: E402
+
 INT32_ELEMENTS = 2**31
 # tokens past the 2^31-element line at the end of the full call, and short of it at the cut
 MARGIN_TOKENS = 2**16
@@ -57,7 +59,15 @@ def split_errors(fn, names: list[str], args: list[torch.Tensor], cut: int, grads
                  seed: int = 0) -> dict[str, float]:
     """The comparisons of the module docstring for one op: ``fn`` the chunk op (fla's calling convention),
     ``args`` its inputs [1, T, ...] in fla's order (``names``), ``cut`` the token where the sequence is cut.
-    Returns name -> relative error; a name's value is nan where either side is not finite."""
+    Returns name -> relative error; a name's value is nan where either side is not finite. Every allocation of the
+    calls starts as NaN: an element no kernel wrote would otherwise read what its memory held, the expected values
+    included (a call's output in the block another one just freed)."""
+    with poisoned_allocations():
+        return _split_errors(fn, names, args, cut, grads, seed)
+
+
+def _split_errors(fn, names: list[str], args: list[torch.Tensor], cut: int, grads: bool,
+                  seed: int) -> dict[str, float]:
     T = args[0].shape[1]
     errors: dict[str, float] = {}
     leaves = [a.detach().requires_grad_(grads) for a in args]

@@ -25,6 +25,34 @@ from fla_gen.sample import relative_error, sample_inputs
 TOLERANCE = {torch.float32: (1e-4, 5e-4), torch.float16: (5e-3, 1e-2), torch.bfloat16: (1e-2, 2e-2)}
 
 
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Make torch.empty, torch.empty_like and Tensor.new_empty return NaN-filled floating tensors while the block
+    runs, so that an element a kernel forgets to write shows up as NaN in the result instead of passing by luck
+    (with memory that last held the expected values, say). The tests, and the GPU checks of benchmarks/."""
+    originals = (torch.empty, torch.empty_like, torch.Tensor.new_empty)
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    def empty(*args, **kwargs):
+        return poison(originals[0](*args, **kwargs))
+
+    def empty_like(*args, **kwargs):
+        return poison(originals[1](*args, **kwargs))
+
+    def new_empty(self, *args, **kwargs):
+        return poison(originals[2](self, *args, **kwargs))
+
+    torch.empty, torch.empty_like, torch.Tensor.new_empty = empty, empty_like, new_empty
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like, torch.Tensor.new_empty = originals
+
+
 @dataclass(frozen=True)
 class CaseResult:
     """Errors of one (op, mode, dtype) call against the reference, and its wall time."""

@@ -15,7 +15,7 @@ from fla_gen.canonical import Recurrence, canonicalize
 from fla_gen.check import check_spec
 from fla_gen.parse import read_spec
 from fla_gen.sample import relative_error, sample_inputs
-from fla_gen.verify import TOLERANCE, CaseResult, compare_with_reference
+from fla_gen.verify import TOLERANCE, CaseResult, compare_with_reference, poisoned_allocations
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO_ROOT / "specs").glob("*.fla"))
@@ -50,33 +50,6 @@ def chunk_ranges(B: int, T: int, cu_seqlens: list[int] | None, BT: int) -> list[
         return [(b, c, t, min(t + BT, T)) for b in range(B) for c, t in enumerate(range(0, T, BT))]
     starts = [(t, eos) for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True) for t in range(bos, eos, BT)]
     return [(0, c, t, min(t + BT, eos)) for c, (t, eos) in enumerate(starts)]
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """Make torch.empty & co. return NaN-filled floating tensors, so an element a kernel
-    forgets to write shows up as NaN in the result instead of passing by luck."""
-    originals = (torch.empty, torch.empty_like, torch.Tensor.new_empty)
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    def empty(*args, **kwargs):
-        return poison(originals[0](*args, **kwargs))
-
-    def empty_like(*args, **kwargs):
-        return poison(originals[1](*args, **kwargs))
-
-    def new_empty(self, *args, **kwargs):
-        return poison(originals[2](self, *args, **kwargs))
-
-    torch.empty, torch.empty_like, torch.Tensor.new_empty = empty, empty_like, new_empty
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like, torch.Tensor.new_empty = originals
 
 
 def compare_chunk_op(package: str, dims: tuple[int, int, int, int, int], dtype: torch.dtype, *, seed: int,

@@ -78,3 +78,21 @@ def test_outputs_wrong_past_the_cut_fail():
 ])
 def test_bad_arguments_are_usage_errors(args, named):
     assert_usage_error_before_cuda(SCRIPT, args, named)
+
+
+def test_outputs_never_written_fail():
+    """An output past a token that no kernel writes reads NaN (every allocation is poisoned), whatever the memory
+    last held."""
+    fn, names, args = _inputs("simple_gla")
+    T = args[0].shape[1]
+
+    def skips(*a, **kw):
+        o, ht = fn(*a, **kw)
+        if a[0].shape[1] != T:
+            return o, ht
+        partial = torch.empty_like(o)
+        partial[:, :256] = o[:, :256]
+        return partial, ht
+
+    errors = long_sequence_check.split_errors(skips, names, args, cut=192, grads=False)
+    assert not errors["o after the cut"] <= 1e-2 and not errors["packed: o of sequence 1"] <= 1e-2, errors
