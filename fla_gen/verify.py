@@ -29,7 +29,7 @@ TOLERANCE = {torch.float32: (1e-4, 5e-4), torch.float16: (5e-3, 1e-2), torch.bfl
 def poisoned_allocations():
     """Make torch.empty, torch.empty_like and Tensor.new_empty return NaN-filled floating tensors while the block
     runs, so that an element a kernel forgets to write shows up as NaN in the result instead of passing by luck
-    (with memory that last held the expected values, say). The tests, and the GPU checks of benchmarks/."""
+    (with memory that last held the expected values, say). Used by the tests and benchmarks/long_sequence_check.py."""
     originals = (torch.empty, torch.empty_like, torch.Tensor.new_empty)
 
     def poison(t: torch.Tensor) -> torch.Tensor:
