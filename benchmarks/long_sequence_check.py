@@ -87,7 +87,9 @@ def _split_errors(fn, names: list[str], args: list[torch.Tensor], cut: int, grad
     with torch.no_grad():
         o_head, s_head = fn(*(a.detach()[:, :cut].contiguous() for a in args), output_final_state=True)
     errors["o before the cut"] = _ops.rel_err(o[:, :cut], o_head)
-    tail = [a.detach()[:, cut:].contiguous().requires_grad_(grads) for a in args]
+    # the tail's inputs, copied once: the tail call from the head's state, then (detached) its packed sequence alone
+    tail_inputs = [a.detach()[:, cut:].contiguous() for a in args]
+    tail = [a.detach().requires_grad_(grads) for a in tail_inputs]
     with torch.set_grad_enabled(grads):
         o_tail, ht_tail = fn(*tail, initial_state=s_head, output_final_state=True)
     errors["o after the cut"] = _ops.rel_err(o[:, cut:], o_tail.detach())
@@ -103,7 +105,7 @@ def _split_errors(fn, names: list[str], args: list[torch.Tensor], cut: int, grad
         errors["packed: o of sequence 0"] = _ops.rel_err(o_packed[:, :cut], o_head)
         errors["packed: final state of sequence 0"] = _ops.rel_err(ht_packed[0], s_head[0])
         del o_head
-        o_alone, s_alone = fn(*(a.detach()[:, cut:].contiguous() for a in args), output_final_state=True)
+        o_alone, s_alone = fn(*tail_inputs, output_final_state=True)
         errors["packed: o of sequence 1"] = _ops.rel_err(o_packed[:, cut:], o_alone)
         errors["packed: final state of sequence 1"] = _ops.rel_err(ht_packed[1], s_alone[0])
     return errors

@@ -1,6 +1,6 @@
 """benchmarks/long_sequence_check.py without a GPU: the lengths it picks straddle 2^31 elements, its comparisons pass
-for a generated op in the interpreter and fail for an op that loses the state at the cut or writes wrong outputs past
-it, and a bad argument is a usage error naming it before any CUDA call."""
+for a generated op in the interpreter and fail for an op that loses the state at the cut, writes wrong outputs past it
+or leaves them unwritten, and a bad argument is a usage error naming it before any CUDA call."""
 
 from __future__ import annotations
 
