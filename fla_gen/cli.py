@@ -205,7 +205,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from fla_gen.plan import ARCHS, PlanError, backward_walks_forward, plan_algorithm, select_algorithms
+    from fla_gen.plan import (
+        ARCHS,
+        PlanError,
+        backward_walks_forward,
+        forward_walk_folds_scan,
+        plan_algorithm,
+        select_algorithms,
+    )
 
     if args.sms is not None and not args.call:
         raise UsageError("--sms applies to --call: give the call's BxTxH too")
@@ -239,14 +246,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   f"  # {c.reason}")
     if args.call:
         _print_call_decisions(args, algos[0], plans[0], arch.sm_count if args.sms is None else args.sms,
-                              backward_walks_forward(algos[0], lowered.features))
+                              backward_walks_forward(algos[0], lowered.features),
+                              forward_walk_folds_scan(algos[0], lowered.features))
     return EXIT_OK
 
 
-def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int, backward_walks: bool) -> None:
+def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int, backward_walks: bool,
+                          folds_scan: bool) -> None:
     """The run-time choices of the chunk launchers for one call (``plan --call BxTxH[xHV]``, or a packed batch's
     ``L1,L2,...xH[xHV]``): the sequence split, the state walk's tiles, whether the forward runs as one fused walk,
-    and how, and (``backward_walks``: fla_gen.plan.backward_walks_forward) whether the backward runs as three."""
+    and how (``folds_scan``: fla_gen.plan.forward_walk_folds_scan, whether over segments it scans them itself), and
+    (``backward_walks``: fla_gen.plan.backward_walks_forward) whether the backward runs as three."""
     from fla_gen.runtime import launch, segments
 
     B, T, HK, H, lengths = args.call  # the state walks run over the value heads
@@ -260,12 +270,14 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int, backwa
                    f"longest {longest}), cu_seqlens;" if lengths else "")
     print(f"\nat run time,{packed_text} q [{B}, {T}, {HK}, {K}]{grouped} on {sms} SMs ({algo.name}):")
     walks = len(seq_chunks) * H
+    segments_per_sequence = []
     if algo.splits_sequences:
         rule = algo.segment_rule
         print(f"  sequences    {segments.describe_segment_split(total, longest, walks, H, K, V, sms, rule)}")
         chunks = segments.plan_segment_chunks(total, longest, walks, H, K, V, sms, rule)
         if chunks:
-            walks = sum(launch.cdiv(c, chunks) for c in seq_chunks) * H
+            segments_per_sequence = [launch.cdiv(c, chunks) for c in seq_chunks]
+            walks = sum(segments_per_sequence) * H
             print(f"               {walks // H} segments of {chunks * plan.chunk_size} tokens"
                   + (" at most" if lengths else ""))
     else:
@@ -293,6 +305,11 @@ def _print_call_decisions(args: argparse.Namespace, algo, plan, sms: int, backwa
             per_sm = launch.cdiv(V, tile) * packed.chunk_steps / sms
             how = (f"; at BV {tile}, {per_sm:.0f} chunk steps per SM against the longest sequence's {longest} chunks"
                    + ("" if c.two_per_sm_packed else ", but this walk keeps one program per SM on packed calls"))
+        if folds_scan and segments_per_sequence:
+            folds = launch.folds_segment_scan(min(segments_per_sequence), max(segments_per_sequence))
+            how += ("; each program sums its sequence's earlier segments itself (no segment_scan launch)" if folds
+                    else f"; after a segment_scan launch (a sequence of no segment, or of more than "
+                         f"{launch.FOLDED_SCAN_MAX_SEGMENTS})")
         if c.reads_inverse:
             how += ("; v_new from fwd_solve's inverse, no fwd_wu" if launch.walk_reads_inverse(c, H // HK) else
                    f"; W and U from fwd_wu (the inverse from {c.inverse_min_group} value heads per key head)")

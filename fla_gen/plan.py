@@ -164,6 +164,10 @@ class Algorithm:
     # The template renders the backward of a recurrence whose gradients are forward walks
     # (KernelFeatures.gradients_are_forward_walks) as three runs of its fwd_fused walk.
     backward_walks_forward: bool = False
+    # Where a forward over segments runs as fwd_fused and the recurrence has no decay, each walk program sums its
+    # sequence's earlier segments itself instead of a segment_scan launch before it (launch.FoldedScan;
+    # templates/kernels/_segments.jinja says why only without a decay).
+    folds_segment_scan: bool = False
 
     @property
     def splits_sequences(self) -> bool:
@@ -175,6 +179,12 @@ def backward_walks_forward(algo: Algorithm, features: KernelFeatures) -> bool:
     """Whether ``algo``'s chunked backward of a recurrence with these features runs as three fwd_fused walks (where
     the forward's walk would run: the launcher decides per call) instead of the chunk-state walks and bwd_dqkvg."""
     return algo.backward_walks_forward and features.gradients_are_forward_walks
+
+
+def forward_walk_folds_scan(algo: Algorithm, features: KernelFeatures) -> bool:
+    """Whether ``algo``'s fwd_fused over sequence segments, for a recurrence with these features, computes the state
+    entering each segment itself (Algorithm.folds_segment_scan): one launch fewer per split forward."""
+    return algo.folds_segment_scan and not features.any_decay and features.rank1 is RankOne.NONE
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)
@@ -267,7 +277,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         # walks read it from a cumsum pass (measured on the H100: see templates/kernels/_programs.jinja).
         Algorithm("chunk_scalar_gate", "kernels/chunk_scalar_gate.jinja",
                   (_CUMSUM, _CHUNK_STATE, _CHUNK_OUT, _CHUNK_FUSED, _CHUNK_DSTATE, _CHUNK_GRADS, _SEGMENT_SCAN),
-                  chunked=True, segment_rule=DIAGONAL_SPLIT, backward_walks_forward=True),
+                  chunked=True, segment_rule=DIAGONAL_SPLIT, backward_walks_forward=True, folds_segment_scan=True),
         # Per-channel gates: fwd_A_chunk takes the chunk-local cumsum in registers and writes the pre-gated q and k
         # the walks and fwd_o read; the backward's kernels of dL/dG read G from a cumsum pass.
         Algorithm("chunk_channel_gate", "kernels/chunk_channel_gate.jinja",

@@ -101,10 +101,45 @@ def saved_segment_states(seg_states: SegmentStates | None, cu_seqlens: torch.Ten
     [S, H, K, K]). The op's saved list holds tensors only, so no None; () under no_backward, and for a packed
     batch (``cu_seqlens`` given): tracing with fake tensors only bounds its segment count (segments.segment_tables'
     shapes_only), while a saved tensor's shape must be the traced one."""
-    if seg_states is None or not backward_follows() or cu_seqlens is not None:
+    if seg_states is None or not keeps_segment_states(cu_seqlens):
         return ()
     entry, carry = seg_states
     return (entry,) if carry is None else (entry, carry)
+
+
+def keeps_segment_states(cu_seqlens: torch.Tensor | None) -> bool:
+    """Whether saved_segment_states keeps a call's entering states (``cu_seqlens``: the call's)."""
+    return backward_follows() and cu_seqlens is None
+
+
+class FoldedScan(NamedTuple):
+    """What an ungated forward walk over sequence segments reads to compute the state entering its segment itself,
+    from its sequence's earlier segments, instead of from a segment_scan launch before it (folds_segment_scan):
+    ``seg_state`` [S, H, K, V] float32 (each segment's walk from zero), ``seg_entry`` [S, H, K, V] float32 where
+    the walk stores the entering states for the backward (None: saved_segment_states keeps none), and the
+    segments' ``first_segment`` and ``sequence`` tables (segments.SegmentTables). All None: the walk does not
+    scan."""
+
+    seg_state: torch.Tensor | None
+    seg_entry: torch.Tensor | None
+    first_segment: torch.Tensor | None
+    sequence: torch.Tensor | None
+
+
+NO_FOLDED_SCAN = FoldedScan(None, None, None, None)
+
+# The most segments of one sequence for which each forward walk program scans its sequence's earlier segments
+# itself (FoldedScan): segment s reads the s states before it, so the reads grow as S^2 / 2 per sequence and
+# head, against the S of a segment_scan launch.
+FOLDED_SCAN_MAX_SEGMENTS = 16
+
+
+def folds_segment_scan(least_segments: int, most_segments: int) -> bool:
+    """Whether a forward walk over a call's segments, of which its sequences have ``least_segments`` to
+    ``most_segments`` (segments.SegmentTables), computes the states entering them itself, one launch fewer than a
+    segment_scan before it: where no sequence has more than FOLDED_SCAN_MAX_SEGMENTS, and none is empty (the last
+    segment of a sequence stores its final state: an empty one has none)."""
+    return least_segments >= 1 and most_segments <= FOLDED_SCAN_MAX_SEGMENTS
 
 
 def resumed_segment_states(kept: Sequence[torch.Tensor]) -> SegmentStates | None:

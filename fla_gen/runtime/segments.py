@@ -53,13 +53,19 @@ class SegmentTables:
     segment is a packed sequence of the segment-mode walks); ``chunk_offsets``: [2S + 1] int32, the first
     chunk of each segment in the call's chunk numbering, then the order of the walks over the segments
     (varlen.walk_order); ``first_segment``: [N + 1] int32, the first segment
-    of each sequence (the scan's bounds); ``count``: S.
+    of each sequence (the scan's bounds); ``sequence``: [S] int32, the sequence of each segment (a walk that
+    scans its sequence's earlier segments itself, launch.folds_segment_scan); ``count``: S;
+    ``most_segments`` / ``least_segments``: the segments of the sequence that has most / fewest (0: an empty
+    sequence, whose final state no segment's walk stores).
     """
 
     cu_seqlens: torch.Tensor
     chunk_offsets: torch.Tensor
     first_segment: torch.Tensor
+    sequence: torch.Tensor
     count: int
+    most_segments: int
+    least_segments: int
 
 
 _forced_segment_chunks: int | None = None
@@ -133,7 +139,8 @@ def describe_segment_split(total_chunks: int, longest_chunks: int, walks: int, h
 
 def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segment token bounds [S + 1], first chunk of each segment [S + 1] and the walk order [S], first segment
-    of each sequence [N + 1]) for sequences with token ``bounds`` [N + 1] (int64, non-decreasing)."""
+    of each sequence [N + 1] and the sequence of each segment [S]) for sequences with token ``bounds`` [N + 1]
+    (int64, non-decreasing)."""
     seq_chunks = sequence_chunks(bounds, chunk_size)
     seq_segments = (seq_chunks + chunks - 1) // chunks
     first_segment = np.zeros(len(seq_chunks) + 1, dtype=np.int64)
@@ -145,12 +152,17 @@ def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarra
     starts = bounds[:-1][seq] + within * chunks * chunk_size
     seg_bounds = np.append(starts, bounds[-1]) if len(starts) else bounds[:1].copy()
     seg_chunks = np.append(first_chunk[:-1][seq] + within * chunks, first_chunk[-1])
-    return seg_bounds, np.concatenate([seg_chunks, walk_order(np.diff(seg_chunks))]), first_segment
+    return (seg_bounds, np.concatenate([seg_chunks, walk_order(np.diff(seg_chunks))]),
+            np.concatenate([first_segment, seq]))
 
 
 def _segment_tables_of(bounds: np.ndarray, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
-    cu, offsets, first = int32_tables_on(device, *_tables(bounds, chunk_size, chunks))
-    return SegmentTables(cu, offsets, first, cu.shape[0] - 1)
+    cu, offsets, first_and_sequence = int32_tables_on(device, *_tables(bounds, chunk_size, chunks))
+    N, S = len(bounds) - 1, cu.shape[0] - 1
+    seq_chunks = sequence_chunks(bounds, chunk_size)
+    most, least = (cdiv(int(seq_chunks.max()), chunks), cdiv(int(seq_chunks.min()), chunks)) if N else (0, 0)
+    # one copy to the device for both tables: views of it
+    return SegmentTables(cu, offsets, first_and_sequence[:N + 1], first_and_sequence[N + 1:], S, most, least)
 
 
 @functools.lru_cache(maxsize=64)
@@ -158,9 +170,9 @@ def _dense_tables(B: int, T: int, chunk_size: int, chunks: int, device: torch.de
     return _segment_tables_of(np.arange(B + 1, dtype=np.int64) * T, chunk_size, chunks, device)
 
 
-def _placeholder_tables(count: int, N: int, device: torch.device) -> SegmentTables:
+def _placeholder_tables(count: int, N: int, most: int, least: int, device: torch.device) -> SegmentTables:
     empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
-    return SegmentTables(empty(count + 1), empty(2 * count + 1), empty(N + 1), count)
+    return SegmentTables(empty(count + 1), empty(2 * count + 1), empty(N + 1), empty(count), count, most, least)
 
 
 def segment_tables(B: int, T: int, H: int, K: int, V: int, chunk_size: int, num_sequences: int | None,
@@ -182,13 +194,13 @@ def segment_tables(B: int, T: int, H: int, K: int, V: int, chunk_size: int, num_
         if not chunks:
             return None
         if shapes_only:
-            return _placeholder_tables(B * cdiv(nt, chunks), B, device)
+            return _placeholder_tables(B * cdiv(nt, chunks), B, cdiv(nt, chunks), cdiv(nt, chunks), device)
         return _dense_tables(B, T, chunk_size, chunks, device)
     N = num_sequences
     if shapes_only:
         nt = cdiv(T, chunk_size)
         chunks = plan_segment_chunks(nt, nt, N * H, H, K, V, sms, rule)
-        return _placeholder_tables(cdiv(nt, chunks) + N, N, device) if chunks else None
+        return _placeholder_tables(cdiv(nt, chunks) + N, N, cdiv(nt, chunks), 0, device) if chunks else None
     values = bounds.numpy().astype(np.int64)
     seq_chunks = sequence_chunks(values, chunk_size)
     longest = int(seq_chunks.max()) if N else 0

@@ -923,13 +923,12 @@ def _launch_fwd_h(kd, v, gl, h, initial_state, final_state, gate_total, cu_seqle
     )
 
 
-def _segment_entry_states(k, v, gl, initial_state, output_final_state, segments, N, plan):
-    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
-    from zero, all at once, then the scan over each sequence's segments.
+def _segment_local_states(k, v, gl, segments, plan):
+    """Each segment's walk from zero, all segments of a split call at once (fla_gen/runtime/segments.py).
 
     Returns:
-        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
-        seg_gate: [S, H, K] float32, each segment's total log gate per key channel: the backward's scan reuses it.
+        seg_state: [S, H, K, V] float32;
+        seg_gate: [S, H, K] float32, each segment's total log gate per key channel.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -937,6 +936,18 @@ def _segment_entry_states(k, v, gl, initial_state, output_final_state, segments,
     seg_gate = k.new_empty(segments.count, H, K, dtype=torch.float32)
     _launch_fwd_h(k, v, gl, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
+    return seg_state, seg_gate
+
+
+def _segment_entry_states(k, v, gl, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: as _segment_local_states'; the backward's scan reuses it.
+    """
+    seg_state, seg_gate = _segment_local_states(k, v, gl, segments, plan)
     seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate

@@ -174,6 +174,10 @@ def linear_attn_fwd_fused_kernel(
     ht,
     cu_seqlens,
     walk_order,
+    seg_state,
+    seg_entry,
+    first_segment,
+    segment_sequence,
     scale,
     T,
     H: tl.constexpr,
@@ -186,6 +190,8 @@ def linear_attn_fwd_fused_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FOLDED_SCAN: tl.constexpr,
+    STORE_SEGMENT_ENTRY: tl.constexpr,
     REVERSE: tl.constexpr,
     TRANSPOSED_STATE: tl.constexpr,
 ):
@@ -219,7 +225,23 @@ def linear_attn_fwd_fused_kernel(
         m_A = o_i[:, None] >= o_i[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
+    if FOLDED_SCAN:
+        # segment_scan_kernel's recurrence over the earlier segments of this segment's sequence, from its initial state,
+        #   entering(s + 1) = entering(s) + local(s),
+        # redone by each program of the segment rather than launched before the walk: one launch fewer, the same kernel
+        # time (H200, bf16, compare_builds.py: 1x16384x16x128 0.159 -> 0.158 ms of kernels, 1x65536 0.554 -> 0.555).
+        i_seq = tl.load(segment_sequence + i_n)
+        s_first = tl.load(first_segment + i_seq)
+        if USE_INITIAL_STATE:
+            b_h += tl.load(h0 + (i_seq * H + i_h).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :],
+                           mask=m_k[:, None] & m_v[None, :], other=0.)
+        for i in range(0, i_n - s_first):
+            b_h += tl.load(seg_state + ((s_first + i).to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                           mask=m_k[:, None] & m_v[None, :], other=0.)
+        if STORE_SEGMENT_ENTRY:
+            tl.store(seg_entry + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h,
+                     mask=m_k[:, None] & m_v[None, :])
+    elif USE_INITIAL_STATE:
         if TRANSPOSED_STATE:
             p_h0 = h0 + i_nh.to(tl.int64) * K * V + o_v[None, :] * K + o_k[:, None]
         else:
@@ -251,8 +273,12 @@ def linear_attn_fwd_fused_kernel(
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         b_h = tl.dot(b_kT, b_v, b_h, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h,
-                 mask=m_k[:, None] & m_v[None, :])
+        if FOLDED_SCAN:
+            i_seq = tl.load(segment_sequence + i_n)
+            ends_sequence = i_n == tl.load(first_segment + i_seq + 1) - 1
+            tl.store(ht + (i_seq * H + i_h).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=(m_k[:, None] & m_v[None, :]) & ends_sequence)
+        else:
+            tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
 
 
 @cached_launch
@@ -594,12 +620,11 @@ def _launch_fwd_h(
     )
 
 
-def _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan):
-    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
-    from zero, all at once, then the scan over each sequence's segments.
+def _segment_local_states(k, v, segments, plan):
+    """Each segment's walk from zero, all segments of a split call at once (fla_gen/runtime/segments.py).
 
     Returns:
-        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_state: [S, H, K, V] float32;
         seg_gate: None (no gate).
     """
     B, T, H, K = k.shape
@@ -608,6 +633,18 @@ def _segment_entry_states(k, v, initial_state, output_final_state, segments, N, 
     seg_gate = None
     _launch_fwd_h(k, v, None, None, seg_state, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
+    return seg_state, seg_gate
+
+
+def _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: as _segment_local_states'; the backward's scan reuses it.
+    """
+    seg_state, seg_gate = _segment_local_states(k, v, segments, plan)
     seg_entry, final_state = _segment_scan(seg_state, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate
@@ -708,7 +745,19 @@ def chunk_fwd(
             walk_order = launch.walk_order(chunk_offsets, N)
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
+            fold = launch.NO_FOLDED_SCAN
+        elif launch.folds_segment_scan(segments.least_segments, segments.most_segments):
+            seg_state, _ = _segment_local_states(k, v, segments, plan)
+            # the walk stores the entering states only where the backward keeps them
+            seg_entry = torch.empty_like(seg_state) if launch.keeps_segment_states(cu_seqlens) else None
+            saved = (*saved, *launch.saved_segment_states((seg_entry, None), cu_seqlens))
+            fold = launch.FoldedScan(seg_state, seg_entry, segments.first_segment, segments.sequence)
+            walk_cu_seqlens, walk_initial_state = segments.cu_seqlens, initial_state
+            walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
+            final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+            walk_final_state = final_state
         else:
+            fold = launch.NO_FOLDED_SCAN
             walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, initial_state, output_final_state, segments, N, plan)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
@@ -722,6 +771,10 @@ def chunk_fwd(
             walk_final_state,
             walk_cu_seqlens,
             walk_order,
+            fold.seg_state,
+            fold.seg_entry,
+            fold.first_segment,
+            fold.sequence,
             scale,
             T,
             H=H,
@@ -733,6 +786,8 @@ def chunk_fwd(
             USE_INITIAL_STATE=walk_initial_state is not None,
             STORE_FINAL_STATE=walk_final_state is not None,
             IS_VARLEN=walk_cu_seqlens is not None,
+            FOLDED_SCAN=fold.seg_state is not None,
+            STORE_SEGMENT_ENTRY=fold.seg_entry is not None,
             DOT_PRECISION=launch.dot_precision(k.dtype),
             REVERSE=False,
             TRANSPOSED_STATE=False,
@@ -855,6 +910,8 @@ def _transposed_walk(queries, keys, values, start, final, transposed_start, reve
         final,
         cu_seqlens,
         walk_order,
+        # no FoldedScan (seg_state, seg_entry, first_segment, segment_sequence): these walks start from given states
+        None, None, None, None,
         scale,
         T,
         H=H,
@@ -867,6 +924,8 @@ def _transposed_walk(queries, keys, values, start, final, transposed_start, reve
         STORE_FINAL_STATE=final is not None,
         IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=launch.dot_precision(keys.dtype),
+        FOLDED_SCAN=False,
+        STORE_SEGMENT_ENTRY=False,
         REVERSE=reverse,
         TRANSPOSED_STATE=transposed_start,
         num_warps=plan.config("fwd_fused").num_warps,

@@ -785,13 +785,12 @@ def _launch_fwd_h(
     )
 
 
-def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan):
-    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
-    from zero, all at once, then the scan over each sequence's segments.
+def _segment_local_states(k, v, g_cum, segments, plan):
+    """Each segment's walk from zero, all segments of a split call at once (fla_gen/runtime/segments.py).
 
     Returns:
-        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
-        seg_gate: [S, H] float32, each segment's total log gate (None without a gate): the backward's scan reuses it.
+        seg_state: [S, H, K, V] float32;
+        seg_gate: [S, H] float32, each segment's total log gate (None without a gate).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -799,6 +798,18 @@ def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segmen
     seg_gate = None if g_cum is None else k.new_empty(segments.count, H, dtype=torch.float32)
     _launch_fwd_h(k, v, g_cum, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
                   segments.count, plan)
+    return seg_state, seg_gate
+
+
+def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan):
+    """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
+    from zero, all at once, then the scan over each sequence's segments.
+
+    Returns:
+        seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
+        seg_gate: as _segment_local_states'; the backward's scan reuses it.
+    """
+    seg_state, seg_gate = _segment_local_states(k, v, g_cum, segments, plan)
     seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate

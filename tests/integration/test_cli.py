@@ -89,9 +89,14 @@ def test_plan_rejects_unknown_arch():
     # ... which the ungated walk never does on a packed call
     ("linear_attn", ",".join(["256"] * 64) + "x16",
      ["fwd_fused    taken, BV=64, 3 stages: 2048 programs", "but this walk keeps one program per SM on packed calls"]),
-    # 2 long sequences over 4 heads: 8 walks split into segments of 32 chunks, up to 2048 tokens each
+    # 2 long sequences over 4 heads: 8 walks split into segments of 32 chunks, up to 2048 tokens each; 32 segments
+    # per sequence are more than the ungated walk sums itself
     ("linear_attn", "65536,65536x4", ["packed: 2 sequences", "split into segments of 32 chunks",
-                                      "64 segments of 2048 tokens at most"]),
+                                      "64 segments of 2048 tokens at most",
+                                      "after a segment_scan launch (a sequence of no segment, or of more than 16)"]),
+    # 16 segments per sequence: the ungated walk sums the earlier ones itself, the gated one after a scan
+    ("linear_attn", "1x16384x16", ["16 segments of 1024 tokens", "512 programs; each program sums its sequence's "
+                                   "earlier segments itself (no segment_scan launch)"]),
 ])
 def test_plan_call_prints_the_run_time_choices(capsys, spec, call, expected):
     assert main(["plan", str(REPO_ROOT / "specs" / f"{spec}.fla"), "--arch", "sm90", "--call", call]) == 0
@@ -107,6 +112,13 @@ def test_plan_call_gated_backward_is_not_three_walks(capsys):
     out = capsys.readouterr().out
     assert "fwd_fused    taken" in out
     assert not any(line.startswith("  backward ") for line in out.splitlines()), out
+
+
+def test_plan_call_gated_walk_keeps_the_scan_launch(capsys):
+    """A gate keeps the segment_scan launch before the fused walk (fla_gen.plan.forward_walk_folds_scan)."""
+    assert main(["plan", str(REPO_ROOT / "specs" / "simple_gla.fla"), "--arch", "sm90", "--call", "1x16384x16"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd_fused    taken" in out and "segment_scan launch" not in out and "sums" not in out, out
 
 
 @pytest.mark.parametrize("args", [["--sms", "132"], ["--call", "1x2"], ["--call", "0x16x2"], ["--call", "1x64x16x24"],

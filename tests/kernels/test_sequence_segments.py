@@ -47,8 +47,9 @@ def test_forced_segment_chunks_is_scoped():
         pass
 
 
-def _as_lists(t: segments.SegmentTables) -> tuple[list[int], list[int], list[int], int]:
-    return t.cu_seqlens.tolist(), t.chunk_offsets.tolist(), t.first_segment.tolist(), t.count
+def _as_lists(t: segments.SegmentTables) -> tuple[list[int], list[int], list[int], list[int], int, int, int]:
+    return (t.cu_seqlens.tolist(), t.chunk_offsets.tolist(), t.first_segment.tolist(), t.sequence.tolist(), t.count,
+            t.most_segments, t.least_segments)
 
 
 def test_dense_segment_tables():
@@ -56,7 +57,8 @@ def test_dense_segment_tables():
     with segments.forced_segment_chunks(2):
         t = segments.segment_tables(2, 200, 3, 32, 32, 64, None, None, torch.device("cpu"), DIAGONAL_SPLIT)
     # chunk_offsets: the segments' first chunks, then the walk order (equal segments: as they come)
-    assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8, 0, 1, 2, 3], [0, 2, 4], 4)
+    assert _as_lists(t) == ([0, 128, 200, 328, 400], [0, 2, 4, 6, 8, 0, 1, 2, 3], [0, 2, 4], [0, 0, 1, 1], 4, 2, 2)
+    assert launch.folds_segment_scan(t.least_segments, t.most_segments)
 
 
 def test_varlen_segment_tables():
@@ -65,7 +67,9 @@ def test_varlen_segment_tables():
         t = segments.segment_tables(1, 300, 3, 32, 32, 64, 3, torch.tensor([0, 50, 50, 300]), torch.device("cpu"),
                                     DIAGONAL_SPLIT)
     # the walk order: the two 2-chunk segments first, then the 1-chunk one
-    assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5, 1, 2, 0], [0, 1, 1, 3], 3)
+    assert _as_lists(t) == ([0, 50, 178, 300], [0, 1, 3, 5, 1, 2, 0], [0, 1, 1, 3], [0, 2, 2], 3, 2, 0)
+    # the empty sequence has no segment whose walk would store its final state: the scan runs on its own
+    assert not launch.folds_segment_scan(t.least_segments, t.most_segments)
 
 
 class _CountingKernel:
@@ -171,9 +175,58 @@ def test_chunk_op_over_segments(monkeypatch, package, cu_seqlens, chunks, many_s
         result = compare_chunk_op(package, dims, torch.float32, seed=11, cu_seqlens=cu_seqlens,
                                   op=name.removesuffix("_segment_scan_kernel"))
     assert not result.failures(), result.errors
-    assert scan.launches == (3 if cu_seqlens else 2), scan.launches
+    # a fused walk that scans the earlier segments itself (FOLDED_SCAN) leaves only the backward's scan; these
+    # packed batches hold an empty sequence, which it does not take (launch.folds_segment_scan)
+    folded = fused is not None and "FOLDED_SCAN" in fused.kernel.arg_names and not many_sms and not cu_seqlens
+    assert scan.launches == (3 if cu_seqlens else 1 if folded else 2), scan.launches
     if fused is not None:
         assert (fused.launches > 0) == (not many_sms), fused.launches
+
+
+# the ops whose fused forward walk scans the earlier segments itself (FOLDED_SCAN): the ungated ones
+FOLDING = ["linear_attn"]
+
+
+def test_only_ungated_walks_fold_the_scan():
+    # the ops with a fused forward walk (KDA's forward is fwd_h + fwd_o)
+    for package in ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
+        fused = getattr(generated(package).chunk, f"{recurrence(package).spec.op}_fwd_fused_kernel")
+        assert ("FOLDED_SCAN" in fused.arg_names) == (package in FOLDING), package
+
+
+@pytest.mark.parametrize("package", FOLDING)
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 130, 300]], ids=["dense", "packed"])
+def test_folded_scan_matches_scan_launch(monkeypatch, package, cu_seqlens):
+    """A fused forward walk that computes the state entering its segment itself (launch.FoldedScan) gives the
+    outputs, final states and kept entering states of the walk after a segment_scan launch, bit for bit (the
+    same fp32 additions in the same order), with no scan launched; every allocation poisoned first."""
+    module = generated(package).chunk
+    rec = recurrence(package)
+    name = next(n for n in dir(module) if n.endswith("_segment_scan_kernel"))
+    B, T, H, K, V = (1, 300, 2, 32, 32) if cu_seqlens else (2, 200, 2, 32, 32)
+    x = sample_inputs(rec, B, T, H, K, V, torch.float32, seed=8)
+    N = len(cu_seqlens) - 1 if cu_seqlens else B
+    h0 = torch.randn(N, H, K, V, generator=torch.Generator().manual_seed(9))
+    captured = []
+    monkeypatch.setattr(module, "call_op", lambda op, forward, *args: captured.append(args) or forward(*args))
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    getattr(module, f"chunk_{rec.spec.op}")(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    args = captured[0]
+    unsplit = module._op_forward(*args)  # no SM count off CUDA: whole sequences
+    results = {}
+    for max_segments in (0, launch.FOLDED_SCAN_MAX_SEGMENTS):
+        scan = _CountingKernel(getattr(module, name))
+        monkeypatch.setattr(module, name, scan)
+        monkeypatch.setattr(launch, "FOLDED_SCAN_MAX_SEGMENTS", max_segments)
+        with (segments.forced_segment_chunks(1), launch.forced_sm_count(0), forced_arch("sm90"),
+              poisoned_allocations()):
+            results[max_segments] = module._op_forward(*args)
+        assert scan.launches == (0 if max_segments else 1), (max_segments, scan.launches)
+    scanned, folded = results.values()
+    # o, the final state, what the forward keeps and, dense, the entering states
+    assert len(folded) == len(scanned) == len(unsplit) + (0 if cu_seqlens else 1)
+    for a, b in zip(folded, scanned, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("package", ["gated_delta_rule", "kda", "rwkv7"])
