@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import os
 import shutil
 import threading
@@ -68,6 +69,13 @@ def shape_picks_dir(picks: Path, tag: str) -> Path:
     return picks / name
 
 
+# (Triton's cache, the picks directory) of this process's keep_autotune_picks, or None
+_kept: tuple[Path, Path] | None = None
+# Held by a copy of the background thread, and by timed_stretch while it pauses them.
+_copy_lock = threading.Lock()
+_paused = threading.Event()
+
+
 def keep_autotune_picks(picks: Path, every_s: float = 20.0) -> int:
     """Turn on Triton's autotune cache for this process and the processes it starts, clear every pick from
     Triton's cache, restore the picks kept in ``picks`` into it now, and copy every pick the cache holds back into
@@ -81,14 +89,36 @@ def keep_autotune_picks(picks: Path, every_s: float = 20.0) -> int:
     picks.mkdir(parents=True, exist_ok=True)
     restored = copy_picks(picks, cache)
     atexit.register(copy_picks, cache, picks)
+    global _kept
+    _kept = (cache, picks)
 
     def collect() -> None:
         while True:
             time.sleep(every_s)
-            copy_picks(cache, picks)
+            with _copy_lock:
+                if not _paused.is_set():
+                    copy_picks(cache, picks)
 
     threading.Thread(target=collect, name="keep-autotune-picks", daemon=True).start()
     return restored
+
+
+@contextlib.contextmanager
+def timed_stretch():
+    """No background copy of keep_autotune_picks while a benchmark times: its walk of Triton's cache takes the GIL
+    and the CPU from calls whose host time can bound their wall time (a B = 1 forward at 1x16384). A copy on entry
+    first keeps what the warm-up autotuned, as the background copy would have; a no-op without
+    keep_autotune_picks."""
+    if _kept is None:
+        yield
+        return
+    with _copy_lock:
+        copy_picks(*_kept)
+        _paused.set()
+    try:
+        yield
+    finally:
+        _paused.clear()
 
 
 def use_autotune_picks(picks: Path | None, tag: str, prefix: str = "") -> int | None:

@@ -11,7 +11,9 @@ How each number is measured (the same for every op, library and shape):
 - Both libraries are warmed in that process before any timing: their first forward and first backward
   (Triton compiles, fla's autotune), then a second forward and backward.
 - Then one untimed round of each library and mode (kept in the JSON as ``settle``), so that no timed round is
-  the first after a compile. Single slow rounds remain (H200, 1x16384: both libraries' rounds 35-105% apart in a
+  the first after a compile. From here to the end of the op's timing no background thread copies fla's autotune
+  picks (``--autotune-picks``; _autotune.timed_stretch): that walk of Triton's cache takes the host's CPU.
+  Single slow rounds remain (H200, 1x16384: both libraries' rounds 35-105% apart in a
   process whose settling rounds were fast, the kernel time unchanged): the host, not the GPU, which the
   kernel-time column shows.
 - Then ``--rounds`` rounds, alternating ours, fla, ours, fla, ...: each round times ours and then fla with
@@ -65,7 +67,7 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 import _ops  # noqa: E402
-from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
+from _autotune import add_autotune_picks_argument, timed_stretch, use_autotune_picks  # noqa: E402
 
 LIBS = ("ours", "fla", "sdpa")
 MODES = ("fwd", "fwdbwd")
@@ -368,6 +370,13 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
     if notes:
         row["notes"] = notes
     calls = {lib: _warm(modes, row, lib) for lib, modes in calls.items()}
+    with timed_stretch():
+        _time_rounds(calls, row, spec, bench)
+    return row
+
+
+def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
+    """measure_op's settling round, its timed rounds and each mode's host and kernel time, into ``row``."""
     libs = [lib for lib in ("ours", "fla") if calls.get(lib)]
     for lib in libs:  # the untimed settling round (module doc); a mode that raises here raises again below
         for mode, (fn, grads) in calls[lib].items():
@@ -397,7 +406,6 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
                 if spec.get("breakdown"):
                     row.setdefault("per_kernel", {}).setdefault(lib, {})[mode] = {
                         name: round(ms, 4) for name, ms in per_kernel.items()}
-    return row
 
 
 def worker(spec: dict) -> None:

@@ -48,6 +48,36 @@ assert (cache / "KEYA" / "chunk_fwd_kernel.autotune.json").read_text() == '{{"ke
     assert (picks / "KEYB" / "chunk_bwd_kernel.autotune.json").read_text() == '{"key": "b"}'
 
 
+def test_no_background_copy_while_timing(tmp_path):
+    """timed_stretch copies once on entry (what the warm-up autotuned), then the background thread copies nothing
+    until it ends; outside one the copies go on. Without keep_autotune_picks it does nothing. In a child process:
+    the background thread lives as long as its process."""
+    child = f"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {str(REPO_ROOT / "benchmarks")!r})
+import _autotune
+copies = []
+real_copy = _autotune.copy_picks
+_autotune.copy_picks = lambda src, dst: copies.append((src, dst)) or 0
+with _autotune.timed_stretch():
+    pass
+assert copies == []
+_autotune.keep_autotune_picks(Path({str(tmp_path / "picks")!r}), every_s=0.02)
+kept = (_autotune.triton_cache_dir(), Path({str(tmp_path / "picks")!r}))
+copies.clear()
+with _autotune.timed_stretch():
+    assert copies == [kept], copies
+    time.sleep(0.2)  # ten intervals of the background thread
+    assert copies == [kept], copies
+time.sleep(0.2)
+assert len(copies) > 1 and set(copies) == {{kept}}, copies
+_autotune.copy_picks = real_copy
+"""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", child], env=env, check=True)
+
+
 def test_picks_are_collected_while_the_process_runs(tmp_path):
     """A process killed before it exits (a benchmark's time limit) still leaves the picks it autotuned more than one
     collection interval before the kill."""
