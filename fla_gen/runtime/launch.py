@@ -130,7 +130,8 @@ NO_FOLDED_SCAN = FoldedScan(None, None, None, None)
 
 # The most segments of one sequence for which each forward walk program scans its sequence's earlier segments
 # itself (FoldedScan): segment s reads the s states before it, so the reads grow as S^2 / 2 per sequence and
-# head, against the S of a segment_scan launch.
+# head, against the S of a segment_scan launch. 16 is what a B = 1, H = 16 call splits into on 132 SMs, where the
+# folded walk measured the scanned one's kernel time (docs/performance.md); more segments are not measured.
 FOLDED_SCAN_MAX_SEGMENTS = 16
 
 
