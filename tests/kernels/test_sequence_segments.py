@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -214,19 +215,21 @@ def test_folded_scan_matches_scan_launch(monkeypatch, package, cu_seqlens):
     args = captured[0]
     unsplit = module._op_forward(*args)  # no SM count off CUDA: whole sequences
     results = {}
-    for max_segments in (0, launch.FOLDED_SCAN_MAX_SEGMENTS):
+    # with a backward to follow (the entering states kept) and without one (none stored)
+    for backward, max_segments in itertools.product((True, False), (0, launch.FOLDED_SCAN_MAX_SEGMENTS)):
         scan = _CountingKernel(getattr(module, name))
         monkeypatch.setattr(module, name, scan)
         monkeypatch.setattr(launch, "FOLDED_SCAN_MAX_SEGMENTS", max_segments)
         with (segments.forced_segment_chunks(1), launch.forced_sm_count(0), forced_arch("sm90"),
-              poisoned_allocations()):
-            results[max_segments] = module._op_forward(*args)
+              poisoned_allocations(), contextlib.nullcontext() if backward else launch.no_backward()):
+            results[backward, max_segments] = module._op_forward(*args)
         assert scan.launches == (0 if max_segments else 1), (max_segments, scan.launches)
-    scanned, folded = results.values()
-    # o, the final state, what the forward keeps and, dense, the entering states
-    assert len(folded) == len(scanned) == len(unsplit) + (0 if cu_seqlens else 1)
-    for a, b in zip(folded, scanned, strict=True):
-        assert torch.equal(a, b)
+    for backward in (True, False):
+        scanned, folded = results[backward, 0], results[backward, launch.FOLDED_SCAN_MAX_SEGMENTS]
+        # o, the final state, what the forward keeps and, dense with a backward to follow, the entering states
+        assert len(folded) == len(scanned) == len(unsplit) + (1 if backward and not cu_seqlens else 0)
+        for a, b in zip(folded, scanned, strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("package", ["gated_delta_rule", "kda", "rwkv7"])
