@@ -61,12 +61,19 @@ class KernelFeatures:
         return self.token_decay is not TokenDecay.NONE or self.head_decay
 
     @property
+    def carries_state_unchanged(self) -> bool:
+        """Without a decay or a rank-1 part the transition is the identity: S_t = S_{t-1} + k_t v_t^T, and a
+        state crosses any stretch of tokens unchanged (what enters a segment is the plain sum of the earlier
+        segments' states from zero)."""
+        return not self.any_decay and self.rank1 is RankOne.NONE
+
+    @property
     def gradients_are_forward_walks(self) -> bool:
         """Without a decay or a rank-1 part, S_t = S_{t-1} + k_t v_t^T and o_t = scale * S_t^T q_t are bilinear, and
         their gradients are the same recurrence with the tensors' roles exchanged: dq is the forward of (do, v, k),
         dv and dk the forward of (k, q, do) and (v, do, q) run last token first. A decay would have to run backwards
         in those reversed walks."""
-        return not self.any_decay and self.rank1 is RankOne.NONE
+        return self.carries_state_unchanged
 
     @property
     def scalar_decay(self) -> bool:

@@ -184,7 +184,7 @@ def backward_walks_forward(algo: Algorithm, features: KernelFeatures) -> bool:
 def forward_walk_folds_scan(algo: Algorithm, features: KernelFeatures) -> bool:
     """Whether ``algo``'s fwd_fused over sequence segments, for a recurrence with these features, computes the state
     entering each segment itself (Algorithm.folds_segment_scan): one launch fewer per split forward."""
-    return algo.folds_segment_scan and not features.any_decay and features.rank1 is RankOne.NONE
+    return algo.folds_segment_scan and features.carries_state_unchanged
 
 
 _CHUNK_STATE = KernelShape("fwd_h", (("BT", "BK"), ("BT", "BV")), small_grid_split=SMALL_GRID_SPLIT)

@@ -157,12 +157,14 @@ def _tables(bounds: np.ndarray, chunk_size: int, chunks: int) -> tuple[np.ndarra
 
 
 def _segment_tables_of(bounds: np.ndarray, chunk_size: int, chunks: int, device: torch.device) -> SegmentTables:
-    cu, offsets, first_and_sequence = int32_tables_on(device, *_tables(bounds, chunk_size, chunks))
-    N, S = len(bounds) - 1, cu.shape[0] - 1
-    seq_chunks = sequence_chunks(bounds, chunk_size)
-    most, least = (cdiv(int(seq_chunks.max()), chunks), cdiv(int(seq_chunks.min()), chunks)) if N else (0, 0)
+    tables = _tables(bounds, chunk_size, chunks)
+    N = len(bounds) - 1
+    per_sequence = np.diff(tables[2][:N + 1])  # segments of each sequence, from their first segments
+    most, least = (int(per_sequence.max()), int(per_sequence.min())) if N else (0, 0)
+    cu, offsets, first_and_sequence = int32_tables_on(device, *tables)
     # one copy to the device for both tables: views of it
-    return SegmentTables(cu, offsets, first_and_sequence[:N + 1], first_and_sequence[N + 1:], S, most, least)
+    return SegmentTables(cu, offsets, first_and_sequence[:N + 1], first_and_sequence[N + 1:], cu.shape[0] - 1, most,
+                         least)
 
 
 @functools.lru_cache(maxsize=64)

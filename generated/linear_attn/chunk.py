@@ -910,8 +910,7 @@ def _transposed_walk(queries, keys, values, start, final, transposed_start, reve
         final,
         cu_seqlens,
         walk_order,
-        # no FoldedScan (seg_state, seg_entry, first_segment, segment_sequence): these walks start from given states
-        None, None, None, None,
+        *launch.NO_FOLDED_SCAN,  # these walks start from given states
         scale,
         T,
         H=H,
