@@ -211,3 +211,33 @@ def test_a_valid_call_still_works_after_the_bad_ones():
     result = verify_op(generated("gla"), recurrence("gla"), "chunk", torch.float32, B=1, T=40, H=2, K=16, V=16,
                        device=device, cu_seqlens=[0, 7, 40])
     assert not result.failures(), result.errors
+
+
+def test_a_call_with_the_shapes_of_an_accepted_one_is_still_checked():
+    """validate_call skips the tensor checks of a dense call whose tensors match an accepted call's shapes, dtypes
+    and devices: what differs from it (a dtype, a scalar, initial_state, a non-tensor) is refused all the same,
+    with the message of a first call."""
+    from fla_gen.runtime import validate
+
+    op = generated("simple_gla")
+    good = base("simple_gla")
+    fn = op.chunk_simple_gla
+    validate._ACCEPTED.clear()
+    fn(*good.values())
+    accepted = len(validate._ACCEPTED)
+    assert accepted == 1
+    bad = [
+        ({"v": good["v"].double()}, {}, TypeError, "v must be float16, bfloat16 or float32"),
+        ({"v": good["v"].half()}, {}, TypeError, "v is torch.float16 but q is torch.float32"),
+        ({}, {"scale": math.nan}, ValueError, "scale must be finite"),
+        ({}, {"output_final_state": 1}, TypeError, "output_final_state must be a bool"),
+        ({}, {"initial_state": torch.zeros(B, H, K, K)}, ValueError, "initial_state must be [N, H, K, V]"),
+        ({"g": good["g"].tolist()}, {}, TypeError, "g must be a torch.Tensor, got list"),
+    ]
+    for changes, kwargs, error, words in bad:
+        with pytest.raises(error) as info:
+            fn(*{**good, **changes}.values(), **kwargs)
+        assert words in str(info.value), str(info.value)
+    o, _ = fn(*good.values())
+    assert o.shape == (B, T, H, V)
+    assert len(validate._ACCEPTED) == accepted  # the refused calls were not remembered
