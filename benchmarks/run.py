@@ -16,9 +16,11 @@ How each number is measured (the same for every op, library and shape):
   Single slow rounds remain (H200, 1x16384: both libraries' rounds 35-105% apart in a
   process whose settling rounds were fast, the kernel time unchanged): the host, not the GPU, which the
   kernel-time column shows.
-- Then ``--rounds`` rounds, alternating ours, fla, ours, fla, ...: each round times ours and then fla with
-  ``triton.testing.do_bench`` (median of its repetitions). A GPU that slows down or speeds up for a stretch
-  then shows as a spread between rounds instead of landing on one library. SDPA is timed once per shape.
+- Then ``--rounds`` rounds: each round times the forward of ours and of fla back to back, then their
+  forward+backwards, with ``triton.testing.do_bench`` (median of its repetitions), and the library that goes
+  first alternates from round to round (ours, fla; fla, ours; ...). A GPU or host that slows down or speeds
+  up for a stretch then shows as a spread between rounds instead of landing on one library (timing_order).
+  SDPA is timed once per shape.
 - The reported fla/ours ratio is the WORST over the rounds, min_r fla[r] / ours[r]: a ratio above 1 holds in
   every round. The times shown are the medians over the rounds; the JSON keeps every round.
 - Kernel time: after the rounds, each library's GPU kernel time per call (torch.profiler, every kernel's
@@ -375,6 +377,24 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
     return row
 
 
+def timing_order(libs: list[str], modes: list[list[str]], rounds: int) -> list[tuple[str, str]]:
+    """The (library, mode) timings of ``rounds`` rounds, in order: in each round every mode's libraries back to
+    back, the library that goes first alternating from round to round (``modes[i]``: what ``libs[i]`` runs).
+
+    The host's speed drifts within a process: on an H200 host the same forward's host time per call fell from
+    0.35 to 0.18 ms between two stretches of 0.1 s (ours and fla-core's alike, simple_gla at 1x16384). A pair
+    timed close together shares the host's state, and a library timed first in every round would take every
+    rise or fall of it alone."""
+    order = []
+    for r in range(rounds):
+        ranked = list(zip(libs, modes, strict=True))
+        if r % 2:
+            ranked.reverse()
+        for mode in dict.fromkeys(m for lib_modes in modes for m in lib_modes):
+            order += [(lib, mode) for lib, lib_modes in ranked if mode in lib_modes]
+    return order
+
+
 def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
     """measure_op's settling round, its timed rounds and each mode's host and kernel time, into ``row``."""
     libs = [lib for lib in ("ours", "fla") if calls.get(lib)]
@@ -384,13 +404,12 @@ def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
                 row.setdefault("settle", {}).setdefault(lib, {})[mode] = bench(fn, grads)
             except Exception:
                 pass
-    for _ in range(spec["rounds"]):
-        for lib in libs:
-            for mode, (fn, grads) in calls[lib].items():
-                try:
-                    row.setdefault(lib, {}).setdefault(mode, []).append(bench(fn, grads))
-                except Exception as e:  # e.g. fla's refusal of a gated backward on Hopper
-                    row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
+    for lib, mode in timing_order(libs, [list(calls[lib]) for lib in libs], spec["rounds"]):
+        fn, grads = calls[lib][mode]
+        try:
+            row.setdefault(lib, {}).setdefault(mode, []).append(bench(fn, grads))
+        except Exception as e:  # e.g. fla's refusal of a gated backward on Hopper
+            row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
     # a mode that failed in some round has no complete series: drop it, keep the note
     for lib in libs:
         for mode in list(row.get(lib, {})):

@@ -86,6 +86,14 @@ def test_the_reported_ratio_is_the_worst_round():
     assert run.worst_ratio([0.3, 0.3], [0.4]) is None  # an incomplete series has no ratio
 
 
+def test_each_mode_times_both_libraries_back_to_back_and_the_first_alternates():
+    order = run.timing_order(["ours", "fla"], [["fwd", "fwdbwd"], ["fwd"]], 3)
+    assert order == [("ours", "fwd"), ("fla", "fwd"), ("ours", "fwdbwd"),
+                     ("fla", "fwd"), ("ours", "fwd"), ("ours", "fwdbwd"),
+                     ("ours", "fwd"), ("fla", "fwd"), ("ours", "fwdbwd")]
+    assert run.timing_order(["ours"], [["fwd"]], 2) == [("ours", "fwd")] * 2
+
+
 def test_summarize_reports_medians_worst_ratio_and_floor():
     row = {"ours": {"fwd": [0.2, 0.4, 0.3], "fwdbwd": [1.0, 1.2, 1.1]}, "fla": {"fwd": [0.3, 0.5, 0.6]},
            "bytes_fwd": 3_000_000_000, "copy_tbs": 3.0}
