@@ -77,6 +77,8 @@ def simple_gla_cumsum_kernel(
 def simple_gla_fwd_h_kernel(
     k,
     v,
+    g,
+    g_gamma,
     g_cum,
     h,
     h0,
@@ -93,6 +95,8 @@ def simple_gla_fwd_h_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_G: tl.constexpr,
+    SUM_G: tl.constexpr,
+    SUM_GAMMA: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     STORE_CHUNK_STATES: tl.constexpr,
@@ -105,6 +109,8 @@ def simple_gla_fwd_h_kernel(
     # start of every chunk (input dtype: it feeds tl.dot in the output / gradient kernels). A walk
     # over sequence segments (fla_gen/runtime/segments.py) from zero stores only the final state
     # and its total log gate: STORE_CHUNK_STATES off.
+    # With SUM_G / SUM_GAMMA the walk sums the raw gates into G itself and the first tile's
+    # program stores it to g_cum for the walks after this one, in place of the cumsum kernel's launch.
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -139,12 +145,24 @@ def simple_gla_fwd_h_kernel(
         b_kT = tl.load(p_kT, mask=m_t[None, :] & (o_k[:, None] < K), other=0.0)
         p_v = v + t0 * H * V + i_h * V + o_i[:, None] * (H * V) + o_v[None, :]
         b_v = tl.load(p_v, mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
-        # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
-        b_G = tl.zeros([BT], dtype=tl.float32)
-        b_GL = 0.
-        if USE_G:
-            b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
-            b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
+        if SUM_G or SUM_GAMMA:
+            # G[i]: cumulative log gate of the chunk up to token i, in fp32. Rows past the sequence end
+            # get gate 0, so G is flat there and G[BT - 1] is the log decay of the whole chunk.
+            b_gate = tl.zeros([BT], dtype=tl.float32)
+            if SUM_G:
+                b_gate += tl.load(g + (t0 + o_i) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+            if SUM_GAMMA:
+                b_gate += tl.where(m_t, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
+            b_G = tl.cumsum(b_gate, axis=0)
+            b_GL = tl.sum(tl.where(o_i == BT - 1, b_G, 0.0), axis=0)
+            tl.store(g_cum + (t0 + o_i) * H + i_h, b_G, mask=m_t & (i_k == 0) & (i_v == 0))
+        else:
+            # G[i]: cumulative log gate of the chunk up to token i, as stored in g_cum (fp32); b_GL: its last valid row
+            b_G = tl.zeros([BT], dtype=tl.float32)
+            b_GL = 0.
+            if USE_G:
+                b_GL = tl.load(g_cum + (t0 + tl.minimum(BT, T_seq - i_t * BT) - 1) * H + i_h)
+                b_G = tl.where(m_t, tl.load(g_cum + (t0 + o_i) * H + i_h, mask=m_t, other=0.), b_GL)
         # h' = exp(G_L) h + sum_j exp(G_L - G_j) k_j v_j^T; exp(G_L - G_j) <= 1 for gates <= 0.0
         b_v = (b_v * exp_ftz(b_GL - b_G)[:, None]).to(b_v.dtype)
         b_h *= exp_ftz(b_GL)
@@ -666,14 +684,18 @@ def _chunk_cumsum(
     cu_seqlens,
     chunk_indices,
     plan,
+    summed_by_walk=False,
 ):
     """The chunk-local cumulative log gate for the sequential walks: [B, T, H] float32 (G of each token
-    summed from its chunk's first token), or None without a gate."""
+    summed from its chunk's first token), or None without a gate. summed_by_walk: allocate it only; the walk
+    from zero over the segments sums the gate and stores it (_launch_fwd_h's raw gates)."""
     if g is None and g_gamma is None:
         return None
     BT = plan.chunk_size
     cfg = plan.config("cumsum")
     g_cum = torch.empty(B, T, H, dtype=torch.float32, device=device)
+    if summed_by_walk:
+        return g_cum
     simple_gla_cumsum_kernel[(launch.num_chunks(T, BT, chunk_indices), B * H)](
         g,
         g_gamma,
@@ -747,9 +769,13 @@ def _launch_fwd_h(
     chunk_offsets,
     walks,
     plan,
+    g=None,
+    g_gamma=None,
 ):
     """The state walk over ``walks`` sequences (cu_seqlens / chunk_offsets: the call's, or its segments'):
-    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None, gate_total [walks, H] float32 or None."""
+    h [B, NT, H, K, V] (None: not stored), final_state [walks, H, K, V] float32 or None, gate_total [walks, H] float32 or None.
+    g, g_gamma: the raw gates, given where this walk sums them into g_cum itself (and stores it for the
+    walks after it); None: g_cum holds the sum already."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     cfg = plan.config("fwd_h")
@@ -758,6 +784,8 @@ def _launch_fwd_h(
     simple_gla_fwd_h_kernel[(launch.cdiv(K, BK), launch.cdiv(V, BV), walks * H)](
         k,
         v,
+        g,
+        g_gamma,
         g_cum,
         h,
         initial_state,
@@ -774,6 +802,8 @@ def _launch_fwd_h(
         BK=BK,
         BV=BV,
         USE_G=g_cum is not None,
+        SUM_G=g is not None,
+        SUM_GAMMA=g_gamma is not None,
         USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=final_state is not None,
         STORE_CHUNK_STATES=h is not None,
@@ -785,8 +815,9 @@ def _launch_fwd_h(
     )
 
 
-def _segment_local_states(k, v, g_cum, segments, plan):
+def _segment_local_states(k, v, g_cum, segments, plan, g=None, g_gamma=None):
     """Each segment's walk from zero, all segments of a split call at once (fla_gen/runtime/segments.py).
+    Given g, g_gamma, the raw gates, the walk sums them into g_cum itself (_launch_fwd_h).
 
     Returns:
         seg_state: [S, H, K, V] float32;
@@ -797,11 +828,11 @@ def _segment_local_states(k, v, g_cum, segments, plan):
     seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_gate = None if g_cum is None else k.new_empty(segments.count, H, dtype=torch.float32)
     _launch_fwd_h(k, v, g_cum, None, None, seg_state, seg_gate, segments.cu_seqlens, segments.chunk_offsets,
-                  segments.count, plan)
+                  segments.count, plan, g=g, g_gamma=g_gamma)
     return seg_state, seg_gate
 
 
-def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan):
+def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan, g=None, g_gamma=None):
     """The state entering every segment of a split call (fla_gen/runtime/segments.py): each segment's walk
     from zero, all at once, then the scan over each sequence's segments.
 
@@ -809,7 +840,7 @@ def _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segmen
         seg_entry: [S, H, K, V] float32; final_state: [N, H, K, V] float32, or None;
         seg_gate: as _segment_local_states'; the backward's scan reuses it.
     """
-    seg_state, seg_gate = _segment_local_states(k, v, g_cum, segments, plan)
+    seg_state, seg_gate = _segment_local_states(k, v, g_cum, segments, plan, g=g, g_gamma=g_gamma)
     seg_entry, final_state = _segment_scan(seg_state, seg_gate, initial_state, output_final_state, segments, N,
                                            False, plan)
     return seg_entry, final_state, seg_gate
@@ -827,6 +858,8 @@ def _chunk_fwd_h(
     segments,
     plan,
     seg_states=None,
+    g=None,
+    g_gamma=None,
 ):
     """States at the start of every chunk, and optionally the final state.
 
@@ -837,6 +870,8 @@ def _chunk_fwd_h(
         segments: the call's sequence segments (fla_gen.runtime.segments.SegmentTables), or None
         seg_states: with segments, (the state entering each segment, its total log gate or None) as the forward
             kept them (the backward's recompute, which wants no final state); else _segment_entry_states
+        g, g_gamma: the raw gates, where the walk from zero over the segments sums them into g_cum
+            (_chunk_cumsum's summed_by_walk); else None
 
     Returns:
         h: [B, NT, H, K, V] in k's dtype (under varlen B == 1 and NT counts the chunks of the
@@ -854,7 +889,7 @@ def _chunk_fwd_h(
         return h, final_state, None
     if seg_states is None:
         seg_entry, final_state, seg_gate = _segment_entry_states(
-            k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+            k, v, g_cum, initial_state, output_final_state, segments, N, plan, g=g, g_gamma=g_gamma)
     else:
         (seg_entry, seg_gate), final_state = seg_states, None
     _launch_fwd_h(k, v, g_cum, h, seg_entry, None, None, segments.cu_seqlens, segments.chunk_offsets,
@@ -905,7 +940,11 @@ def chunk_fwd(
     BT = plan.chunk_size
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NT = launch.num_chunks(T, BT, chunk_indices)
-    g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan)
+    # Over segments the walk from zero sums the gate itself: one launch fewer in a B = 1 forward, whose host time
+    # bounds it at 1x16384. It costs that walk 0.002 ms of kernel time there and 0.012 at 1x65536 (H200, beyond
+    # the cumsum kernel's; with the next chunk's sum taken before each dot, 0.012 and 0.034).
+    g_cum = _chunk_cumsum(g, g_gamma, B, T, H, k.device, cu_seqlens, chunk_indices, plan,
+                          summed_by_walk=segments is not None)
     saved = ()
     walks = N if segments is None else segments.count
     BV, walk_stages = launch.fused_walk_launch(plan, V, walks * H, k.device, packed_walks)
@@ -918,7 +957,7 @@ def chunk_fwd(
             final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
             walk_final_state = final_state
         else:
-            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan)
+            walk_initial_state, final_state, seg_carry = _segment_entry_states(k, v, g_cum, initial_state, output_final_state, segments, N, plan, g=g, g_gamma=g_gamma)
             saved = (*saved, *launch.saved_segment_states((walk_initial_state, seg_carry), cu_seqlens))
             walk_cu_seqlens, walk_final_state = segments.cu_seqlens, None
             walk_order = launch.walk_order(segments.chunk_offsets, segments.count)
@@ -960,6 +999,8 @@ def chunk_fwd(
         chunk_offsets,
         segments,
         plan,
+        g=g,
+        g_gamma=g_gamma,
     )
     cfg = plan.config("fwd_o")
     BK, BV = launch.dot_tile(cfg.block_k, K), launch.dot_tile(cfg.block_v, V)

@@ -232,6 +232,41 @@ def test_folded_scan_matches_scan_launch(monkeypatch, package, cu_seqlens):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("gates", [("g", "g_gamma"), ("g",), ("g_gamma",)], ids="+".join)
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 50, 50, 300]], ids=["dense", "packed"])
+def test_walk_from_zero_sums_the_scalar_gate(monkeypatch, gates, cu_seqlens):
+    """Over segments simple_gla's forward launches no cumsum kernel: its walk from zero sums the raw gates into
+    g_cum, which then holds, bit for bit, what the cumsum kernel stores (every allocation poisoned first, so a
+    token no walk wrote would fail). The backward still launches it. (test_chunk_op_over_segments holds the op
+    over segments to the float64 reference.)"""
+    module = generated("simple_gla").chunk
+    cumsum = _CountingKernel(module.simple_gla_cumsum_kernel)
+    monkeypatch.setattr(module, "simple_gla_cumsum_kernel", cumsum)
+    summed = []
+    chunk_cumsum = module._chunk_cumsum
+    monkeypatch.setattr(module, "_chunk_cumsum", lambda *a, **kw: summed.append((a, chunk_cumsum(*a, **kw)))
+                        or summed[-1][1])
+    B, T, H, K, V = (1, 300, 2, 32, 32) if cu_seqlens else (2, 200, 2, 32, 32)
+    x = sample_inputs(recurrence("simple_gla"), B, T, H, K, V, torch.float32, seed=12)
+    x = {name: t for name, t in x.items() if name in gates or name not in ("g", "g_gamma")}
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    split = (segments.forced_segment_chunks(1), launch.forced_sm_count(0), forced_arch("sm90"), poisoned_allocations())
+    with contextlib.ExitStack() as stack:
+        for context in split:
+            stack.enter_context(context)
+        with torch.no_grad():
+            module.chunk_simple_gla(**x, cu_seqlens=cu)
+        assert cumsum.launches == 0 and len(summed) == 1
+        args, by_walk = summed[0]
+        assert torch.equal(by_walk, chunk_cumsum(*args))  # the same arguments, the cumsum kernel launched
+        assert cumsum.launches == 1
+        leaves = {name: t.requires_grad_() for name, t in x.items()}
+        o, _ = module.chunk_simple_gla(**leaves, cu_seqlens=cu)
+        assert cumsum.launches == 1
+        o.sum().backward()
+        assert cumsum.launches == 2  # the backward's
+
+
 @pytest.mark.parametrize("package", ["gated_delta_rule", "kda", "rwkv7"])
 def test_transition_split_without_states(package):
     """The call the benchmarks time, no initial state and no final state, split into one-chunk segments: the scan
