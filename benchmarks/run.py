@@ -16,10 +16,10 @@ How each number is measured (the same for every op, library and shape):
   Single slow rounds remain (H200, 1x16384: both libraries' rounds 35-105% apart in a
   process whose settling rounds were fast, the kernel time unchanged): the host, not the GPU, which the
   kernel-time column shows.
-- Then ``--rounds`` rounds: each round times the forward of ours and of fla back to back, then their
-  forward+backwards, with ``triton.testing.do_bench`` (median of its repetitions), and the library that goes
-  first alternates from round to round (ours, fla; fla, ours; ...). A GPU or host that slows down or speeds
-  up for a stretch then shows as a spread between rounds instead of landing on one library (timing_order).
+- Then ``--rounds`` rounds: each round times the forward of ours and of fla, then their forward+backwards, in
+  ``--slices`` alternating slices (ours, fla, fla, ours, ...), each a ``triton.testing.do_bench`` median over
+  its share of the round's time; a round's time per library and mode is the median of its slices. A GPU or
+  host that slows down or speeds up for a stretch then lands on both libraries instead of one (timing_order).
   SDPA is timed once per shape.
 - The reported fla/ours ratio is the WORST over the rounds, min_r fla[r] / ours[r]: a ratio above 1 holds in
   every round. The times shown are the medians over the rounds; the JSON keeps every round.
@@ -221,14 +221,15 @@ def summarize(row: dict) -> dict:
 # the worker: one shape, every op, in a fresh process
 
 
-def _timer(device: str, quick: bool):
-    """Median milliseconds of fn(): do_bench on CUDA, a perf_counter loop on the CPU (``--fake`` plumbing)."""
+def _timer(device: str, quick: bool, slices: int = 1):
+    """Median milliseconds of fn(): do_bench on CUDA, over 1 / ``slices`` of a round's repetition time (a round
+    times each library in that many slices), a perf_counter loop on the CPU (``--fake`` plumbing)."""
     import torch
 
     if torch.device(device).type == "cuda":
         from triton.testing import do_bench
 
-        warmup, rep = (5, 20) if quick else (25, 100)
+        warmup, rep = (5, 20 / slices) if quick else (25, 100 / slices)
         return lambda fn, grads=None: float(do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grads,
                                                      return_mode="median"))
 
@@ -377,21 +378,24 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
     return row
 
 
-def timing_order(libs: list[str], modes: list[list[str]], rounds: int) -> list[tuple[str, str]]:
-    """The (library, mode) timings of ``rounds`` rounds, in order: in each round every mode's libraries back to
-    back, the library that goes first alternating from round to round (``modes[i]``: what ``libs[i]`` runs).
+def timing_order(libs: list[str], modes: list[list[str]], rounds: int, slices: int = 1) -> list[tuple[int, str, str]]:
+    """The (round, library, mode) timings of ``rounds`` rounds, in order (``modes[i]``: what ``libs[i]`` runs).
+    In a round each mode's libraries alternate over ``slices`` slices, the library that goes first alternating
+    from slice to slice and from round to round (ours, fla, fla, ours, ...).
 
     The host's speed drifts within a process: on an H200 host the same forward's host time per call fell from
-    0.35 to 0.18 ms between two stretches of 0.1 s (ours and fla-core's alike, simple_gla at 1x16384). A pair
-    timed close together shares the host's state, and a library timed first in every round would take every
-    rise or fall of it alone."""
+    0.35 to 0.18 ms between two stretches of 0.1 s (ours and fla-core's alike, simple_gla at 1x16384), and
+    fla-core's linear_attn forward measured 0.227 and 0.466 ms in two rounds of one process. A library timed in
+    one stretch while the other was timed in the next took that change alone; in slices that alternate, both
+    sample the same stretches."""
     order = []
     for r in range(rounds):
-        ranked = list(zip(libs, modes, strict=True))
-        if r % 2:
-            ranked.reverse()
         for mode in dict.fromkeys(m for lib_modes in modes for m in lib_modes):
-            order += [(lib, mode) for lib, lib_modes in ranked if mode in lib_modes]
+            for s in range(slices):
+                ranked = list(zip(libs, modes, strict=True))
+                if (r + s) % 2:
+                    ranked.reverse()
+                order += [(r, lib, mode) for lib, lib_modes in ranked if mode in lib_modes]
     return order
 
 
@@ -404,12 +408,20 @@ def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
                 row.setdefault("settle", {}).setdefault(lib, {})[mode] = bench(fn, grads)
             except Exception:
                 pass
-    for lib, mode in timing_order(libs, [list(calls[lib]) for lib in libs], spec["rounds"]):
+    sliced: dict = {}  # (lib, mode) -> one list of slice times per round
+    for r, lib, mode in timing_order(libs, [list(calls[lib]) for lib in libs], spec["rounds"], spec["slices"]):
         fn, grads = calls[lib][mode]
+        rounds = sliced.setdefault((lib, mode), [])
+        if len(rounds) == r:
+            rounds.append([])
         try:
-            row.setdefault(lib, {}).setdefault(mode, []).append(bench(fn, grads))
+            rounds[r].append(bench(fn, grads))
         except Exception as e:  # e.g. fla's refusal of a gated backward on Hopper
             row.setdefault("notes", {})[f"{lib} {mode}"] = _ops.err_text(e, 200)
+    for (lib, mode), rounds in sliced.items():
+        complete = [times for times in rounds if len(times) == spec["slices"]]
+        row.setdefault(lib, {})[mode] = [statistics.median(times) for times in complete]
+        row.setdefault("slices", {}).setdefault(lib, {})[mode] = rounds
     # a mode that failed in some round has no complete series: drop it, keep the note
     for lib in libs:
         for mode in list(row.get(lib, {})):
@@ -432,7 +444,7 @@ def worker(spec: dict) -> None:
     import torch
 
     shape = Shape(**{**spec["shape"], "lengths": tuple(spec["shape"]["lengths"]), "span": tuple(spec["shape"]["span"])})
-    bench = _timer(spec["device"], spec["quick"])
+    bench = _timer(spec["device"], spec["quick"], spec["slices"])
     out: dict = {"shape": shape.name, "rows": [], "device_name": (torch.cuda.get_device_name()
                                                                   if spec["device"] == "cuda" else "cpu")}
     if spec.get("autotune_picks") and "fla" in spec["libs"]:
@@ -472,7 +484,7 @@ def worker(spec: dict) -> None:
 def run_shape(shape: Shape, args, workdir: Path) -> dict:
     """Run one shape's worker in a fresh process; a crash or timeout becomes the shape's note."""
     result = workdir / f"{shape.name.replace(':', '_')}.json"
-    spec = {"shape": asdict(shape), "ops": args.ops, "libs": args.libs, "rounds": args.rounds,
+    spec = {"shape": asdict(shape), "ops": args.ops, "libs": args.libs, "rounds": args.rounds, "slices": args.slices,
             "dtype": args.dtype, "device": args.device, "fake": args.fake, "quick": args.quick,
             "breakdown": args.breakdown,
             "seed": args.seed, "result": str(result),
@@ -622,6 +634,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                 "decode:BxHxD")
     p.add_argument("--libs", default=",".join(LIBS), help="subset of ours,fla,sdpa")
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds of ours and fla (the worst is reported)")
+    p.add_argument("--slices", type=int, default=4,
+                   help="slices per round: a round times each library and mode as the median of this many do_bench "
+                        "runs over its share of the round's time, the libraries alternating slice by slice")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for results.{md,json,png}")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per shape's process")
@@ -645,6 +660,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"unknown library {unknown[0]!r}; known: {', '.join(LIBS)}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.slices < 1:
+        p.error("--slices must be at least 1")
     try:
         if args.presets is None:
             args.presets = "" if args.shapes else ",".join(PRESETS)
@@ -664,7 +681,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = args.out / "shapes"
     workdir.mkdir(exist_ok=True)
-    meta = {**_ops.versions(), "dtype": args.dtype, "rounds": args.rounds, "libs": args.libs,
+    meta = {**_ops.versions(), "dtype": args.dtype, "rounds": args.rounds, "slices": args.slices, "libs": args.libs,
             "command": " ".join(["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])}
     if "fla" in args.libs and not meta.get("fla") and not args.fake:
         print("fla-core is not installed: timing ours (and SDPA) only", flush=True)

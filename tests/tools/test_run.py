@@ -86,12 +86,29 @@ def test_the_reported_ratio_is_the_worst_round():
     assert run.worst_ratio([0.3, 0.3], [0.4]) is None  # an incomplete series has no ratio
 
 
-def test_each_mode_times_both_libraries_back_to_back_and_the_first_alternates():
-    order = run.timing_order(["ours", "fla"], [["fwd", "fwdbwd"], ["fwd"]], 3)
-    assert order == [("ours", "fwd"), ("fla", "fwd"), ("ours", "fwdbwd"),
-                     ("fla", "fwd"), ("ours", "fwd"), ("ours", "fwdbwd"),
-                     ("ours", "fwd"), ("fla", "fwd"), ("ours", "fwdbwd")]
-    assert run.timing_order(["ours"], [["fwd"]], 2) == [("ours", "fwd")] * 2
+def test_each_mode_times_both_libraries_in_alternating_slices():
+    order = run.timing_order(["ours", "fla"], [["fwd", "fwdbwd"], ["fwd"]], 2, slices=2)
+    assert order == [(0, "ours", "fwd"), (0, "fla", "fwd"), (0, "fla", "fwd"), (0, "ours", "fwd"),
+                     (0, "ours", "fwdbwd"), (0, "ours", "fwdbwd"),
+                     (1, "fla", "fwd"), (1, "ours", "fwd"), (1, "ours", "fwd"), (1, "fla", "fwd"),
+                     (1, "ours", "fwdbwd"), (1, "ours", "fwdbwd")]
+    assert run.timing_order(["ours"], [["fwd"]], 2) == [(0, "ours", "fwd"), (1, "ours", "fwd")]
+
+
+def test_a_round_is_the_median_of_its_slices():
+    def ours():
+        pass
+
+    def fla():
+        pass
+
+    # the settling round's time first, then the round's three slices
+    times = {ours: iter([9.0, 0.3, 0.1, 0.2]), fla: iter([9.0, 0.5, 0.4, 0.6])}
+    row = {}
+    run._time_rounds({"ours": {"fwd": (ours, None)}, "fla": {"fwd": (fla, None)}}, row,
+                     {"rounds": 1, "slices": 3, "device": "cpu"}, lambda fn, grads: next(times[fn]))
+    assert row["ours"]["fwd"] == [0.2] and row["fla"]["fwd"] == [0.5]
+    assert row["slices"] == {"ours": {"fwd": [[0.3, 0.1, 0.2]]}, "fla": {"fwd": [[0.5, 0.4, 0.6]]}}
 
 
 def test_summarize_reports_medians_worst_ratio_and_floor():
