@@ -367,6 +367,27 @@ def write_json(path: str | None, obj) -> None:
     os.replace(tmp, path)
 
 
+def timing_order(libs: list[str], modes: list[list[str]], rounds: int, slices: int = 1) -> list[tuple[int, str, str]]:
+    """The (round, library, mode) timings of ``rounds`` rounds, in order (``modes[i]``: what ``libs[i]`` runs).
+    In a round each mode's libraries alternate over ``slices`` slices, the library that goes first alternating
+    from slice to slice and from round to round (ours, fla, fla, ours, ...).
+
+    The host's speed drifts within a process: on an H200 host the same forward's host time per call fell from
+    0.35 to 0.18 ms between two stretches of 0.1 s (ours and fla-core's alike, simple_gla at 1x16384), and
+    fla-core's linear_attn forward measured 0.227 and 0.466 ms in two rounds of one process. A library timed in
+    one stretch while the other was timed in the next took that change alone; in slices that alternate, both
+    sample the same stretches."""
+    order = []
+    for r in range(rounds):
+        for mode in dict.fromkeys(m for lib_modes in modes for m in lib_modes):
+            for s in range(slices):
+                ranked = list(zip(libs, modes, strict=True))
+                if (r + s) % 2:
+                    ranked.reverse()
+                order += [(r, lib, mode) for lib, lib_modes in ranked if mode in lib_modes]
+    return order
+
+
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()

@@ -13,13 +13,14 @@ by ‖out − ref‖ / ‖ref‖, for o, the final state and (ours; fla's where 
 forwards dense (B=1, T) and packed through cu_seqlens (8 sequences, lengths drawn from 256 to 1024, seed 0);
 gradients at B=1, T=512 and packed (4 sequences of 64 to 256): the reference's autograd graph holds a
 float64 state per token.
-Speed: forward (no autograd) and forward+backward of the chunk ops, ours and fla alternating over
-``--rounds`` rounds after both were warmed (compile, fla's autotune); the ratio reported is the worst round's
-fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profiler: every kernel's duration over
-20 calls; ``--breakdown`` adds each kernel's share): a wall time well above it is a call the host cannot keep the
-GPU busy for, which depends on the machine's CPU (fla-core's Qwen3-Next forward on the H200: 1.12-1.20 ms wall over
-0.89 ms of kernels on one host, 0.91 ms wall on another). ``*_kernels_ms`` and ``*_fla_over_ours_kernels`` report
-it.
+Speed: forward (no autograd) and forward+backward of the chunk ops, over ``--rounds`` rounds after both were
+warmed (compile, fla's autotune), each round ``--slices`` do_bench runs per library that alternate between ours
+and fla (the first alternating too), a round's time the median of a library's slices; the ratio reported is the
+worst round's fla / ours. Beside each wall time, the GPU's kernel time per call (torch.profiler: every kernel's
+duration over 20 calls; ``--breakdown`` adds each kernel's share): a wall time well above it is a call the host
+cannot keep the GPU busy for, which depends on the machine's CPU (fla-core's Qwen3-Next forward on the H200:
+1.12-1.20 ms wall over 0.89 ms of kernels on one host, 0.91 ms wall on another). ``*_kernels_ms`` and
+``*_fla_over_ours_kernels`` report it.
 ``*_peak_mb``: the memory a call allocates at its peak beyond the inputs (forward+backward: its gradients too).
 The decode step (fused_recurrent, T=1, B=64, l2norm in the call, no autograd) is checked against the reference
 and reported against the bytes it must move (the fp32 state read and written, the inputs and output) and the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _autotune import add_autotune_picks_argument, use_autotune_picks  # noqa: E402
-from _ops import kernel_breakdown  # noqa: E402
+from _ops import kernel_breakdown, timing_order  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -130,13 +132,13 @@ def correctness(kind: str, x: dict, cu, N: int, gradients: bool, libs: tuple[str
     return out
 
 
-def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False) -> dict:
+def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False, slices: int = 4) -> dict:
     from triton.testing import do_bench
 
     ours, _, _, fla_fn, _ = ours_and_fla(kind)
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
     do = torch.randn_like(x["v"])
-    warm, rep = (5, 20) if quick else (25, 100)
+    warm, rep = (5, 20 / slices) if quick else (25, 100 / slices)
 
     def forward(fn):
         def run():
@@ -159,11 +161,12 @@ def speed(kind: str, x: dict, rounds: int, quick: bool, breakdown: bool = False)
                 runs[name] = make_fn(fn)
             except Exception as e:
                 result[f"{mode}_{name}_error"] = f"{type(e).__name__}: {str(e)[:160]}"
-        times = {n: [] for n in runs}
-        for _ in range(rounds):
-            for name, run in runs.items():
-                times[name].append(float(do_bench(run, warmup=warm, rep=rep, grad_to_none=list(leaves.values()),
-                                                  return_mode="median")))
+        # a round: each library in ``slices`` alternating slices (benchmarks/_ops.timing_order), its median
+        sliced = {n: [[] for _ in range(rounds)] for n in runs}
+        for r, name, _ in timing_order(list(runs), [[mode]] * len(runs), rounds, slices):
+            sliced[name][r].append(float(do_bench(runs[name], warmup=warm, rep=rep,
+                                                  grad_to_none=list(leaves.values()), return_mode="median")))
+        times = {n: [statistics.median(ts) for ts in rounds_] for n, rounds_ in sliced.items()}
         for name, ts in times.items():
             result[f"{mode}_{name}_ms"] = sorted(ts)[len(ts) // 2]
             result[f"{mode}_{name}_rounds_ms"] = ts  # in the order run: where a worst round came from
@@ -246,6 +249,9 @@ def main() -> int:
     p.add_argument("--T", type=int, default=4096, help="tokens per sequence of the dense check and the speed cells "
                                                       "(default: 4096; speed at B=1 and B=4)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and fla (default: 3)")
+    p.add_argument("--slices", type=int, default=4,
+                   help="slices per round, alternating between ours and fla; a round is the median of its slices "
+                        "(default: 4; benchmarks/run.py --help)")
     p.add_argument("--quick", action="store_true", help="shorter do_bench warm-up and repetitions")
     p.add_argument("--only", default="gdn,kda", help="comma-separated: gdn (Qwen3-Next: H=16, HV=32), kda (Kimi "
                                                      "Linear: H=HV=16), kda-gva (KDA with H=16, HV=32)")
@@ -275,6 +281,9 @@ def main() -> int:
         p.error(f"--batches: expected comma-separated integers, got {a.batches!r}")
     if any(b < 1 for b in batches):
         p.error(f"--batches: batch sizes must be >= 1, got {a.batches!r}")
+    for name, value in (("--rounds", a.rounds), ("--slices", a.slices)):
+        if value < 1:
+            p.error(f"{name} must be at least 1, got {value}")
     check_libs = tuple(lib for lib in a.check_libs.split(",") if lib)
     if not check_libs or any(lib not in ("ours", "fla") for lib in check_libs):
         p.error(f"--check-libs: expected a comma-separated subset of ours,fla, got {a.check_libs!r}")
@@ -313,7 +322,8 @@ def main() -> int:
         torch.cuda.empty_cache()
         for B, T in () if a.decode_only else ((b, a.T) for b in batches):
             report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"] = speed(
-                kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick, a.breakdown)
+                kind, make(kind, B, T, H, HV, D, seed=3, gate_in_kernel=gate), a.rounds, a.quick, a.breakdown,
+                a.slices)
             print(json.dumps(report[f"{key}_speed_{B}x{T}x{H}x{HV}x{D}"]), flush=True)
         if not a.no_decode:
             report[f"{key}_decode_B64"] = decode(kind, 64, H, HV, D, a.rounds, gate)

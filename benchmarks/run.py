@@ -19,7 +19,7 @@ How each number is measured (the same for every op, library and shape):
 - Then ``--rounds`` rounds: each round times the forward of ours and of fla, then their forward+backwards, in
   ``--slices`` alternating slices (ours, fla, fla, ours, ...), each a ``triton.testing.do_bench`` median over
   its share of the round's time; a round's time per library and mode is the median of its slices. A GPU or
-  host that slows down or speeds up for a stretch then lands on both libraries instead of one (timing_order).
+  host that slows down or speeds up for a stretch then lands on both libraries instead of one (_ops.timing_order).
   SDPA is timed once per shape.
 - The reported fla/ours ratio is the WORST over the rounds, min_r fla[r] / ours[r]: a ratio above 1 holds in
   every round. The times shown are the medians over the rounds; the JSON keeps every round.
@@ -378,27 +378,6 @@ def measure_op(op, shape: Shape, spec: dict, bench) -> dict:
     return row
 
 
-def timing_order(libs: list[str], modes: list[list[str]], rounds: int, slices: int = 1) -> list[tuple[int, str, str]]:
-    """The (round, library, mode) timings of ``rounds`` rounds, in order (``modes[i]``: what ``libs[i]`` runs).
-    In a round each mode's libraries alternate over ``slices`` slices, the library that goes first alternating
-    from slice to slice and from round to round (ours, fla, fla, ours, ...).
-
-    The host's speed drifts within a process: on an H200 host the same forward's host time per call fell from
-    0.35 to 0.18 ms between two stretches of 0.1 s (ours and fla-core's alike, simple_gla at 1x16384), and
-    fla-core's linear_attn forward measured 0.227 and 0.466 ms in two rounds of one process. A library timed in
-    one stretch while the other was timed in the next took that change alone; in slices that alternate, both
-    sample the same stretches."""
-    order = []
-    for r in range(rounds):
-        for mode in dict.fromkeys(m for lib_modes in modes for m in lib_modes):
-            for s in range(slices):
-                ranked = list(zip(libs, modes, strict=True))
-                if (r + s) % 2:
-                    ranked.reverse()
-                order += [(r, lib, mode) for lib, lib_modes in ranked if mode in lib_modes]
-    return order
-
-
 def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
     """measure_op's settling round, its timed rounds and each mode's host and kernel time, into ``row``."""
     libs = [lib for lib in ("ours", "fla") if calls.get(lib)]
@@ -409,7 +388,7 @@ def _time_rounds(calls: dict, row: dict, spec: dict, bench) -> None:
             except Exception:
                 pass
     sliced: dict = {}  # (lib, mode) -> one list of slice times per round
-    for r, lib, mode in timing_order(libs, [list(calls[lib]) for lib in libs], spec["rounds"], spec["slices"]):
+    for r, lib, mode in _ops.timing_order(libs, [list(calls[lib]) for lib in libs], spec["rounds"], spec["slices"]):
         fn, grads = calls[lib][mode]
         rounds = sliced.setdefault((lib, mode), [])
         if len(rounds) == r:
