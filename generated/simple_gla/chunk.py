@@ -691,11 +691,11 @@ def _chunk_cumsum(
     from zero over the segments sums the gate and stores it (_launch_fwd_h's raw gates)."""
     if g is None and g_gamma is None:
         return None
-    BT = plan.chunk_size
-    cfg = plan.config("cumsum")
     g_cum = torch.empty(B, T, H, dtype=torch.float32, device=device)
     if summed_by_walk:
         return g_cum
+    BT = plan.chunk_size
+    cfg = plan.config("cumsum")
     simple_gla_cumsum_kernel[(launch.num_chunks(T, BT, chunk_indices), B * H)](
         g,
         g_gamma,
